@@ -1,0 +1,140 @@
+"""Correctness gate and timing: the two things every variant must pass through.
+
+Timing follows METHOD.md: CUDA events around the call (``triton.testing.do_bench``), L2
+flushed between repetitions, median with the 20th/80th percentiles as spread. Outputs are
+NaN-poisoned before a checked launch, so an element the kernel never writes fails.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .config import KernelConfig
+from .launch import allocate_outputs, check_config, resolve_scale, run
+from .problem import Problem
+from .reference import ErrorReport, compare, reference_attention
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+    @property
+    def spread(self) -> float:
+        """Relative width of the 20-80 band: the run's own noise level."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms else 0.0
+
+
+def random_inputs(problem: Problem, device: str, seed: int | None = None):
+    """Fresh normal q, k, v in (B, H, N, D) layout (never zeros: they hide bugs)."""
+    import torch
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed())
+    dtype = getattr(torch, problem.dtype)
+
+    def one(heads: int, rows: int) -> "torch.Tensor":
+        shape = (problem.batch, heads, rows, problem.head_dim)
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    return one(problem.heads_q, problem.seqlen_q), one(problem.heads_kv, problem.seqlen_k), one(problem.heads_kv, problem.seqlen_k)
+
+
+def check_config_correct(config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> ErrorReport:
+    """Run ``config`` once on fresh inputs into a NaN-filled output; compare with fp32."""
+    q, k, v = random_inputs(problem, device, seed)
+    check_config(config, problem, q, k, v)
+    out, _ = allocate_outputs(q, problem, return_lse=False)
+    out.fill_(float("nan"))
+    scale = resolve_scale(None, problem.head_dim)
+    run(config, problem, q, k, v, scale, out, None)
+    ref, _ = reference_attention(q, k, v, causal=problem.causal, scale=scale, causal_align=problem.causal_align)
+    return compare(out, ref)
+
+
+def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> Timing:
+    """Median and 20/80 percentiles of ``fn`` in ms, L2 flushed before each repetition."""
+    from triton.testing import do_bench
+
+    median, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return Timing(float(median), float(p20), float(p80))
+
+
+def time_config(config: KernelConfig, problem: Problem, device: str = "cuda", rep_ms: float = 100) -> Timing:
+    """Time ``config`` on ``problem`` (outputs preallocated, as the kernel alone costs)."""
+    q, k, v = random_inputs(problem, device)
+    check_config(config, problem, q, k, v)
+    out, _ = allocate_outputs(q, problem, return_lse=False)
+    scale = resolve_scale(None, problem.head_dim)
+    return time_callable(lambda: run(config, problem, q, k, v, scale, out, None), rep_ms=rep_ms)
+
+
+def tflops(problem: Problem, ms: float) -> float:
+    return problem.flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+
+
+def sdpa_callable(q, k, v, causal: bool, backend: str) -> Callable[[], object]:
+    """SDPA restricted to one backend: "flash", "cudnn", "efficient" or "math"."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend]
+    gqa = q.shape[1] != k.shape[1]
+
+    def call():
+        with sdpa_kernel([chosen]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    return call
+
+
+def environment() -> dict:
+    """Date, GPU and software versions: what every committed result must carry."""
+    import torch
+    import triton
+
+    from . import __version__
+    from .codegen import template_hash
+
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "fa_autotune": __version__,
+        "template_hash": template_hash(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+                    memory_gb=round(props.total_memory / 2**30, 1), driver=_driver_version())
+    return info
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def timing_dict(t: Timing) -> dict:
+    return asdict(t)

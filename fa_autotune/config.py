@@ -1,0 +1,127 @@
+"""Kernel configs: the typed, validated values every template is rendered from.
+
+A :class:`KernelConfig` is problem-independent (it names a kernel variant); whether it
+suits a given problem is checked separately by :func:`check_config_for_problem`.
+Nothing reaches a template without passing through :meth:`KernelConfig.from_mapping`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv")
+CAUSAL_MODES = ("masked", "split")
+ACCESS_MODES = ("pointer", "block_ptr", "tensor_desc")
+POW2_BLOCKS = (16, 32, 64, 128, 256)
+WARPS = (2, 4, 8, 16)
+STAGES = (1, 2, 3, 4, 5, 6, 7)
+MAX_SPLITS = 128
+MAX_Q_TILES = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One forward-attention kernel variant (all template parameters)."""
+
+    loop_order: str = "q_outer"
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    causal_mode: str = "split"
+    access: str = "pointer"
+    warp_specialize: bool = False
+    num_splits: int = 1
+    q_tiles: int = 1
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> "KernelConfig":
+        """Build a config from user data (JSON, YAML, kwargs); unknown keys are errors."""
+        if isinstance(mapping, KernelConfig):
+            return mapping
+        if not isinstance(mapping, Mapping):
+            raise ConfigError("config", f"expected a mapping of template parameters, got {type(mapping).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key in mapping:
+            if key not in known:
+                raise ConfigError(str(key), f"unknown template parameter; known: {', '.join(sorted(known))}")
+        return cls(**dict(mapping))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical_json(self) -> str:
+        """Stable text form: sorted keys, no spaces; the identity used for hashing and storage."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """Short stable hash of the canonical JSON."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        """Deterministic kernel name that spells the variant, FlashInfer style."""
+        loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
+        access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
+        parts = [
+            f"attn_fwd_{loop}",
+            f"m{self.BLOCK_M}n{self.BLOCK_N}",
+            f"w{self.num_warps}s{self.num_stages}",
+            access + ("_ws" if self.warp_specialize else ""),
+            "cband" if self.causal_mode == "split" else "cmask",
+        ]
+        if self.loop_order == "split_kv":
+            parts.append(f"x{self.num_splits}")
+        if self.loop_order == "kv_outer":
+            parts.append(f"q{self.q_tiles}")
+        return "_".join(parts)
+
+    def with_(self, **changes: Any) -> "KernelConfig":
+        return replace(self, **changes)
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"{value!r} is not one of {list(choices)}")
+
+
+def _check_int(name: str, value: Any, choices: tuple | None = None, lo: int = 1, hi: int = 1 << 30) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"expected an integer, got {value!r}")
+    if choices is not None:
+        _check_choice(name, value, choices)
+    elif not lo <= value <= hi:
+        raise ConfigError(name, f"{value} is outside [{lo}, {hi}]")
+
+
+def _validate(cfg: KernelConfig) -> None:
+    _check_choice("loop_order", cfg.loop_order, LOOP_ORDERS)
+    _check_int("BLOCK_M", cfg.BLOCK_M, POW2_BLOCKS)
+    _check_int("BLOCK_N", cfg.BLOCK_N, POW2_BLOCKS)
+    _check_int("num_warps", cfg.num_warps, WARPS)
+    _check_int("num_stages", cfg.num_stages, STAGES)
+    _check_choice("causal_mode", cfg.causal_mode, CAUSAL_MODES)
+    _check_choice("access", cfg.access, ACCESS_MODES)
+    if not isinstance(cfg.warp_specialize, bool):
+        raise ConfigError("warp_specialize", f"expected true or false, got {cfg.warp_specialize!r}")
+    _check_int("num_splits", cfg.num_splits, lo=1, hi=MAX_SPLITS)
+    _check_int("q_tiles", cfg.q_tiles, lo=1, hi=MAX_Q_TILES)
+    if cfg.num_splits != 1 and cfg.loop_order != "split_kv":
+        raise ConfigError("num_splits", "only loop_order='split_kv' splits the K/V sequence; use 1")
+    if cfg.q_tiles != 1 and cfg.loop_order != "kv_outer":
+        raise ConfigError("q_tiles", "only loop_order='kv_outer' walks several Q tiles per program; use 1")
+    if cfg.warp_specialize and cfg.loop_order != "q_outer":
+        # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
+        # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
+        raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
+    if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split"):
+        # Triton 3.6 compiles it only over TMA loads, and returns NaN from masked loops.
+        raise ConfigError("warp_specialize", "needs access='tensor_desc' and causal_mode='split'")

@@ -1,0 +1,136 @@
+"""Host side of a kernel call: checks that a config suits the tensors, allocates outputs,
+imports the rendered module and launches it. Shared by the public API and the tuner."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .codegen import interpreter_active, load_module
+from .config import KernelConfig
+from .errors import ConfigError, InputError
+from .problem import Problem
+
+if TYPE_CHECKING:
+    import torch
+
+_TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
+
+
+def check_config(config: KernelConfig, problem: Problem, *tensors: "torch.Tensor") -> None:
+    """Raise :class:`ConfigError` (naming the parameter) if ``config`` cannot run these tensors."""
+    device = tensors[0].device
+    capability = _capability(device)
+    if config.access == "tensor_desc":
+        if capability is not None and capability < (9, 0):
+            raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
+        for name, t in zip("qkv", tensors):
+            _check_tma_layout(name, t)
+    if config.warp_specialize:
+        _check_warp_specialize(config, problem, capability)
+
+
+def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:
+    """Triton 3.6 warp-specializes one unmasked K/V loop correctly; measured on an H200,
+    a masked loop returned NaN and a second loop after it failed to compile."""
+    if capability is not None and capability < (9, 0):
+        raise ConfigError("warp_specialize", "warp specialization needs a Hopper GPU (sm_90) or newer")
+    if problem.causal:
+        raise ConfigError("warp_specialize", "causal masking cannot be warp-specialized (Triton 3.6 miscompiles it)")
+    if problem.seqlen_k % config.BLOCK_N:
+        raise ConfigError(
+            "warp_specialize", f"needs seqlen_k ({problem.seqlen_k}) to be a multiple of BLOCK_N ({config.BLOCK_N})"
+        )
+
+
+def _check_tma_layout(name: str, t: "torch.Tensor") -> None:
+    size = t.element_size()
+    if t.stride(3) != 1:
+        raise ConfigError("access", f"'tensor_desc' needs {name}'s head dim contiguous (stride 1), got strides {t.stride()}")
+    for axis, label in ((0, "batch"), (1, "head"), (2, "row")):
+        if t.shape[axis] > 1 and (t.stride(axis) * size) % _TMA_ALIGN:
+            raise ConfigError(
+                "access", f"'tensor_desc' needs 16-byte aligned strides; {name}'s {label} stride is {t.stride(axis) * size} bytes"
+            )
+    if t.data_ptr() % _TMA_ALIGN:
+        raise ConfigError("access", f"'tensor_desc' needs {name} to start on a 16-byte boundary")
+
+
+def tma_compatible(*tensors: "torch.Tensor") -> bool:
+    """Whether every tensor meets TMA's layout rules (for picking a default variant)."""
+    try:
+        for t in tensors:
+            _check_tma_layout("tensor", t)
+    except ConfigError:
+        return False
+    return True
+
+
+def _capability(device: "torch.device") -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_capability(device)
+
+
+def resolve_scale(scale: float | None, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def allocate_outputs(q: "torch.Tensor", problem: Problem, return_lse: bool):
+    """Output in q's memory layout (a flash-attn (B, N, H, D) view stays one), fp32 LSE."""
+    import torch
+
+    out = torch.empty_like(q)
+    lse = None
+    if return_lse:
+        lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+    return out, lse
+
+
+def run(
+    config: KernelConfig,
+    problem: Problem,
+    q: "torch.Tensor",
+    k: "torch.Tensor",
+    v: "torch.Tensor",
+    scale: float,
+    out: "torch.Tensor",
+    lse: "torch.Tensor | None",
+) -> None:
+    """Launch ``config`` on validated inputs, writing ``out`` (and ``lse``)."""
+    if problem.is_empty:
+        return
+    if problem.seqlen_k == 0:  # softmax over no keys: SDPA's math path gives zeros
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return
+    if q.device.type == "cpu" and not interpreter_active():
+        raise InputError(
+            "CPU tensors run in Triton's interpreter: set TRITON_INTERPRET=1 before starting Python, or use CUDA tensors"
+        )
+    module = load_module(config)
+    try:
+        module.launch(q, k, v, out, lse, scale, problem.causal_offset, problem.causal)
+    except Exception as exc:
+        raise _explain_launch_failure(config, exc) from exc
+
+
+def _explain_launch_failure(config: KernelConfig, exc: Exception) -> Exception:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    if isinstance(exc, OutOfResources):
+        return ConfigError(
+            "BLOCK_M", f"{config.name} needs more on-chip memory than the GPU has ({exc}); "
+            "use smaller BLOCK_M/BLOCK_N or fewer num_stages"
+        )
+    if isinstance(exc, CompilationError):
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return ConfigError("config", f"{config.name} does not compile for this problem: {first}")
+    return exc

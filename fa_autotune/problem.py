@@ -1,0 +1,161 @@
+"""The attention problem: shapes, dtype and masking, and the checks on user tensors.
+
+A :class:`Problem` is what tuning results are keyed by; it deliberately leaves out
+strides and devices (a tuned config serves every layout of the same shapes).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float16", "bfloat16", "float32")
+DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 256
+MIN_CAPABILITY = (8, 0)
+
+
+def canonical_dtype(name: str) -> str:
+    """Map user spellings (fp16, torch.float16, half...) to the canonical dtype name."""
+    text = str(name).removeprefix("torch.")
+    text = DTYPE_ALIASES.get(text, text)
+    if text not in DTYPES:
+        raise InputError(f"dtype {name!r} is not supported; use one of {', '.join(DTYPES)}")
+    return text
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One forward-attention shape; SDPA's (B, H, N, D) vocabulary."""
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str
+    causal: bool = False
+    causal_align: str = "top_left"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"{name} must be a non-negative integer, got {value!r}")
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if self.causal_align not in CAUSAL_ALIGNS:
+            raise InputError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {self.causal_align!r}")
+        if not self.causal:
+            object.__setattr__(self, "causal_align", "top_left")
+        if self.heads_kv == 0 or self.heads_q % self.heads_kv:
+            raise InputError(
+                f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv}) for GQA/MQA"
+            )
+        if not MIN_HEAD_DIM <= self.head_dim <= MAX_HEAD_DIM:
+            raise InputError(
+                f"head_dim {self.head_dim} is not supported; fa_autotune kernels take {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
+            )
+
+    @property
+    def head_dim_pad(self) -> int:
+        """Head dim rounded up to the power of two the kernel tiles use."""
+        return next_pow2(self.head_dim)
+
+    @property
+    def gqa_group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def causal_offset(self) -> int:
+        """Shift of the causal diagonal: query i sees keys j <= i + offset."""
+        if self.causal and self.causal_align == "bottom_right":
+            return self.seqlen_k - self.seqlen_q
+        return 0
+
+    @property
+    def is_empty(self) -> bool:
+        return self.batch * self.heads_q * self.seqlen_q == 0
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs, counted as FlashAttention does: 4·B·H·Nq·Nk·D, halved when causal."""
+        total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        return total / 2 if self.causal else total
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def key(self) -> str:
+        """Human-readable key used in databases and exported files."""
+        causal = f"causal-{self.causal_align}" if self.causal else "full"
+        return (
+            f"b{self.batch}_hq{self.heads_q}_hkv{self.heads_kv}_nq{self.seqlen_q}_nk{self.seqlen_k}"
+            f"_d{self.head_dim}_{self.dtype}_{causal}"
+        )
+
+
+def _dtype_name(t: "torch.Tensor") -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def problem_from_tensors(
+    q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", causal: bool = False, causal_align: str = "top_left"
+) -> Problem:
+    """Check q, k, v the way SDPA would and describe them as a :class:`Problem`."""
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InputError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+        if _dtype_name(t) not in DTYPES:
+            raise InputError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    _check_device(q.device)
+    if k.shape != v.shape:
+        raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise InputError(f"batch differs: q has {q.shape[0]}, k/v have {k.shape[0]}")
+    if q.shape[3] != k.shape[3]:
+        raise InputError(f"head_dim differs: q has {q.shape[3]}, k/v have {k.shape[3]}")
+    if not isinstance(causal, bool):
+        raise InputError(f"causal must be True or False, got {causal!r}")
+    return Problem(
+        batch=q.shape[0],
+        heads_q=q.shape[1],
+        heads_kv=k.shape[1],
+        seqlen_q=q.shape[2],
+        seqlen_k=k.shape[2],
+        head_dim=q.shape[3],
+        dtype=_dtype_name(q),
+        causal=causal,
+        causal_align=causal_align,
+    )
+
+
+def _check_device(device: "torch.device") -> None:
+    import torch
+
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise InputError(f"device {device} is not supported; use a CUDA tensor (or CPU for Triton's interpreter)")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < MIN_CAPABILITY:
+        raise InputError(f"GPU compute capability {cap[0]}.{cap[1]} is too old; fa_autotune needs 8.0 or newer")

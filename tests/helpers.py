@@ -1,0 +1,28 @@
+"""Small helpers shared by the tests."""
+from __future__ import annotations
+
+import torch
+
+from fa_autotune.reference import TOLERANCE, compare, reference_attention
+
+
+def make_qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, device="cpu", layout="bhnd"):
+    """Random q, k, v; layout "bnhd" returns transposed views of flash-attn's layout."""
+    def one(h, n):
+        if layout == "bnhd":
+            return torch.randn(b, n, h, d, dtype=dtype, device=device).transpose(1, 2)
+        return torch.randn(b, h, n, d, dtype=dtype, device=device)
+
+    return one(hq, nq), one(hkv, nk), one(hkv, nk)
+
+
+def assert_close_to_reference(out, q, k, v, causal=False, scale=None, causal_align="top_left", lse=None):
+    ref, ref_lse = reference_attention(q, k, v, causal=causal, scale=scale, causal_align=causal_align)
+    report = compare(out, ref)
+    dtype = str(q.dtype).removeprefix("torch.")
+    assert report.finite, "output has NaN/Inf"
+    assert report.rel <= TOLERANCE[dtype], f"relative error {report.rel:.3e} > {TOLERANCE[dtype]}"
+    if lse is not None:
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(finite, torch.isfinite(lse)), "LSE -inf rows differ"
+        assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)

@@ -1,0 +1,55 @@
+"""Ahead-of-time: rendered variants compile for Hopper (sm_90) with no GPU present, use
+wgmma, and fit in shared memory; impossible ones are reported as statuses."""
+from __future__ import annotations
+
+import pytest
+
+from fa_autotune.aot import SHARED_MEMORY_LIMIT, compile_many
+from fa_autotune.config import KernelConfig
+from fa_autotune.problem import Problem
+
+CAUSAL = Problem(1, 16, 16, 4096, 4096, 128, "float16", causal=True)
+FULL = Problem(1, 16, 4, 4096, 4096, 128, "bfloat16", causal=False)
+PADDED = Problem(2, 8, 8, 1000, 1000, 80, "float16", causal=True)
+
+SAMPLE = [
+    (CAUSAL, KernelConfig(access="pointer", causal_mode="split")),
+    (CAUSAL, KernelConfig(access="block_ptr", causal_mode="masked")),
+    (FULL, KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=3)),
+    (FULL, KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True, BLOCK_N=128, num_stages=2)),
+    (FULL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="tensor_desc", num_splits=4)),
+    (CAUSAL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="pointer", causal_mode="masked", num_splits=2)),
+    (CAUSAL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="block_ptr", num_stages=2)),
+    (FULL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="tensor_desc", causal_mode="masked", num_stages=2)),
+    (PADDED, KernelConfig(access="tensor_desc", BLOCK_M=64, num_warps=4, num_stages=2)),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    by_problem: dict[Problem, list[KernelConfig]] = {}
+    for problem, config in SAMPLE:
+        by_problem.setdefault(problem, []).append(config)
+    out = {}
+    for problem, configs in by_problem.items():
+        for config, result in zip(configs, compile_many(configs, problem, jobs=2)):
+            out[(problem, config)] = result
+    return out
+
+
+@pytest.mark.parametrize("problem, config", SAMPLE, ids=[f"{c.name}-{p.key}" for p, c in SAMPLE])
+def test_variant_compiles_for_hopper(results, problem, config):
+    result = results[(problem, config)]
+    assert result.status == "ok", result.error
+    assert result.uses_wgmma, "expected Hopper wgmma instructions in the PTX"
+    assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    expected = 2 if config.loop_order == "split_kv" else 1
+    assert len(result.kernels) == expected
+
+
+def test_impossible_variants_become_statuses():
+    too_big = KernelConfig(BLOCK_M=256, BLOCK_N=128, num_stages=4, access="tensor_desc")
+    ws_two_loops = KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True)
+    big, ws = compile_many([too_big, ws_two_loops], CAUSAL, jobs=2)
+    assert big.status == "out_of_resources" and big.shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
+    assert ws.status == "compile_error" and ws.error

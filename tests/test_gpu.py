@@ -1,0 +1,103 @@
+"""On the GPU (``pytest -m gpu``): the correctness matrix at realistic sizes in fp16 and
+bf16, the Hopper-only knobs, and memory that stays linear in sequence length."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_autotune import ConfigError, attention
+from helpers import assert_close_to_reference, make_qkv
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+CONFIGS = {
+    "q_outer-tma-split": dict(access="tensor_desc", causal_mode="split"),
+    "q_outer-ptr-masked": dict(access="pointer", causal_mode="masked", num_stages=2),
+    "q_outer-blk-split": dict(access="block_ptr", causal_mode="split", BLOCK_N=32),
+    "kv_outer-tma-split": dict(loop_order="kv_outer", access="tensor_desc", q_tiles=4, num_stages=2),
+    "kv_outer-ptr-masked": dict(loop_order="kv_outer", access="pointer", causal_mode="masked", q_tiles=2, num_stages=2),
+    "split_kv-tma-split": dict(loop_order="split_kv", BLOCK_M=64, access="tensor_desc", num_splits=4),
+    "split_kv-blk-masked": dict(loop_order="split_kv", BLOCK_M=16, access="block_ptr", causal_mode="masked", num_splits=8),
+}
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, align)
+SHAPES = {
+    "causal-gqa-1000-d128": (2, 8, 2, 1000, 1000, 128, True, "top_left"),
+    "full-4097-d64": (2, 4, 4, 4097, 4097, 64, False, "top_left"),
+    "causal-br-q300-k2000-d80": (1, 8, 8, 300, 2000, 80, True, "bottom_right"),
+    "decode-q1-k8192-d128-mqa": (4, 16, 1, 1, 8192, 128, False, "top_left"),
+}
+
+
+def _needs_hopper(config: dict) -> bool:
+    return config.get("access") == "tensor_desc" or config.get("warp_specialize", False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_matrix(name, shape, dtype):
+    config = CONFIGS[name]
+    if _needs_hopper(config) and not HOPPER:
+        config = dict(config, access="block_ptr", warp_specialize=False)
+    b, hq, hkv, nq, nk, d, causal, align = SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=config, return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+@pytest.mark.skipif(not HOPPER, reason="warp specialization and TMA need sm_90")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2),
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=3),
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_M=64, BLOCK_N=64, num_stages=2),
+    ],
+)
+def test_hopper_knobs(config, dtype):
+    q, k, v = make_qkv(2, 16, 16, 2048, 2048, 128, dtype, "cuda")
+    out = attention(q, k, v, config=config)
+    assert_close_to_reference(out, q, k, v)
+
+
+@pytest.mark.skipif(not HOPPER, reason="warp specialization needs sm_90")
+def test_warp_specialize_refused_where_triton_miscompiles():
+    q, k, v = make_qkv(1, 4, 4, 1000, 1000, 128, torch.float16, "cuda")
+    config = dict(access="tensor_desc", warp_specialize=True)
+    with pytest.raises(ConfigError, match="warp_specialize"):
+        attention(q, k, v, causal=True, config=config)
+    with pytest.raises(ConfigError, match="multiple of BLOCK_N"):
+        attention(q, k, v, config=config)
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_default_config_and_layouts(layout):
+    q, k, v = make_qkv(2, 16, 4, 1536, 1536, 128, torch.bfloat16, "cuda", layout=layout)
+    out = attention(q, k, v, causal=True)
+    assert out.stride() == q.stride()
+    assert_close_to_reference(out, q, k, v, causal=True)
+
+
+def test_matches_sdpa_fp16():
+    q, k, v = make_qkv(2, 8, 8, 2048, 2048, 128, torch.float16, "cuda")
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out = attention(q, k, v, causal=True)
+    assert (out.float() - expected.float()).abs().max() < 5e-3
+
+
+def test_memory_is_linear_in_sequence_length():
+    """At N=65536 a materialised score matrix would need 137 GB; we need ~the output."""
+    q, k, v = make_qkv(1, 8, 8, 65536, 65536, 128, torch.float16, "cuda")
+    attention(q, k, v, causal=True)  # compile outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = attention(q, k, v, causal=True)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    assert extra <= 2 * out.numel() * out.element_size()

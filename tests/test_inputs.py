@@ -1,0 +1,109 @@
+"""Bad input gets a clear error before any kernel runs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_autotune import ConfigError, InputError, attention
+from helpers import make_qkv
+
+
+def qkv(**kw):
+    return make_qkv(1, 4, 2, 16, 16, 32, **kw)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda q, k, v: (q.float(), k, v), "share one dtype"),
+        (lambda q, k, v: (q.to(torch.int32), k, v), "dtype torch.int32"),
+        (lambda q, k, v: (q.double(), k.double(), v.double()), "dtype torch.float64"),
+        (lambda q, k, v: (q[0], k, v), "4 dims"),
+        (lambda q, k, v: (q, k[..., :16], v), "same shape"),
+        (lambda q, k, v: (q, k[..., :16], v[..., :16]), "head_dim differs"),
+        (lambda q, k, v: (q[..., :8], k[..., :8], v[..., :8]), "head_dim 8 is not supported"),
+        (lambda q, k, v: (q, torch.randn(1, 3, 16, 32, dtype=torch.float16), torch.randn(1, 3, 16, 32, dtype=torch.float16)), "multiple of heads_kv"),
+        (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), "batch differs"),
+        (lambda q, k, v: (q.numpy(), k, v), "must be a torch.Tensor"),
+        (lambda q, k, v: (q.to("meta"), k.to("meta"), v.to("meta")), "device meta"),
+        (lambda q, k, v: (q.to("meta"), k, v), "one device"),
+    ],
+)
+def test_bad_tensors(mutate, message):
+    q, k, v = qkv()
+    with pytest.raises(InputError, match=message):
+        attention(*mutate(q, k, v))
+
+
+def test_head_dim_too_large():
+    q, k, v = make_qkv(1, 1, 1, 4, 4, 288)
+    with pytest.raises(InputError, match="head_dim 288"):
+        attention(q, k, v)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True])
+def test_bad_scale(scale):
+    with pytest.raises(InputError, match="scale"):
+        attention(*qkv(), scale=scale)
+
+
+def test_bad_causal_arguments():
+    with pytest.raises(InputError, match="causal must be"):
+        attention(*qkv(), causal="yes")
+    with pytest.raises(InputError, match="causal_align"):
+        attention(*qkv(), causal=True, causal_align="middle")
+
+
+@pytest.mark.parametrize(
+    "config, parameter",
+    [
+        ({"BLOCK_M": 48}, "BLOCK_M"),
+        ({"BLOCK_N": 512}, "BLOCK_N"),
+        ({"num_warps": 3}, "num_warps"),
+        ({"num_stages": 0}, "num_stages"),
+        ({"loop_order": "diagonal"}, "loop_order"),
+        ({"access": "magic"}, "access"),
+        ({"causal_mode": "none"}, "causal_mode"),
+        ({"num_splits": 4}, "num_splits"),
+        ({"q_tiles": 2}, "q_tiles"),
+        ({"loop_order": "kv_outer", "warp_specialize": True}, "warp_specialize"),
+        ({"warp_specialize": 1}, "warp_specialize"),
+        ({"loop_order": "split_kv", "num_splits": 2, "warp_specialize": True}, "warp_specialize"),
+        ({"access": "pointer", "warp_specialize": True}, "warp_specialize"),
+        ({"access": "tensor_desc", "causal_mode": "masked", "warp_specialize": True}, "warp_specialize"),
+        ({"BLOCK_M": "64"}, "BLOCK_M"),
+        ({"block_m": 64}, "block_m"),
+    ],
+)
+def test_bad_configs_name_the_parameter(config, parameter):
+    with pytest.raises(ConfigError) as info:
+        attention(*qkv(), config=config)
+    assert info.value.parameter == parameter
+    assert isinstance(info.value, ValueError)
+
+
+def test_tensor_desc_needs_aligned_rows():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 20)  # 40-byte rows: TMA cannot address them
+    with pytest.raises(ConfigError, match="16-byte") as info:
+        attention(q, k, v, config={"access": "tensor_desc", "BLOCK_M": 16, "BLOCK_N": 16})
+    assert info.value.parameter == "access"
+
+
+def test_tensor_desc_needs_contiguous_head_dim():
+    q, k, v = qkv()
+    q = q.transpose(2, 3).contiguous().transpose(2, 3)
+    with pytest.raises(ConfigError, match="head dim contiguous"):
+        attention(q, k, v, config={"access": "tensor_desc", "BLOCK_M": 16, "BLOCK_N": 16})
+
+
+def test_config_not_a_mapping():
+    with pytest.raises(ConfigError, match="mapping"):
+        attention(*qkv(), config=[("BLOCK_M", 64)])
+
+
+def test_warp_specialize_refused_for_causal_and_ragged_lengths():
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 32)
+    with pytest.raises(ConfigError, match="causal"):
+        attention(q, k, v, causal=True, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc"})
+    with pytest.raises(ConfigError, match="multiple of BLOCK_N"):
+        attention(q, k, v, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc"})
