@@ -138,6 +138,47 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     return CompileResult(config, "ok", time.perf_counter() - start, tuple(reports))
 
 
+def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER) -> CompileResult:
+    """The tuner's compile step: on a GPU host, compile through Triton's JIT with the exact
+    specialisation the timing run will use (so that run finds it in Triton's cache);
+    without a GPU, compile ahead of time for ``capability``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return compile_variant(config, problem, capability)
+    return _warm_jit(config, problem)
+
+
+def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
+    import torch
+
+    from .bench import random_inputs
+    from .errors import ConfigError
+    from .launch import allocate_outputs, check_config, resolve_scale
+
+    start = time.perf_counter()
+    q, k, v = random_inputs(problem, "cuda", seed=0)
+    out, _ = allocate_outputs(q, problem, return_lse=False)
+    try:
+        check_config(config, problem, q, k, v)
+        kernels = load_module(config).launch(q, k, v, out, None, resolve_scale(None, problem.head_dim),
+                                             problem.causal_offset, problem.causal, warmup=True)
+    except ConfigError as exc:
+        return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
+    except Exception as exc:  # compiler failures are data for the tuner
+        lines = str(exc).strip().splitlines()
+        status = "out_of_resources" if type(exc).__name__ == "OutOfResources" else "compile_error"
+        return CompileResult(config, status, time.perf_counter() - start, (), lines[-1] if lines else type(exc).__name__)
+    limit = getattr(torch.cuda.get_device_properties(q.device), "shared_memory_per_block_optin", 232448)
+    reports = tuple(KernelReport(kernel.name, int(kernel.metadata.shared), "wgmma" in kernel.asm.get("ptx", ""),
+                                 kernel.asm.get("ptx", "").count("\n")) for kernel in kernels)
+    too_big = [r for r in reports if r.shared_bytes > limit]
+    if too_big:
+        return CompileResult(config, "out_of_resources", time.perf_counter() - start, reports,
+                             f"{too_big[0].kernel} needs {too_big[0].shared_bytes} bytes of shared memory, limit {limit}")
+    return CompileResult(config, "ok", time.perf_counter() - start, reports)
+
+
 def _worker_init() -> None:
     """Compiled mode, and MLIR's crash reproducers (written straight to fd 2) kept out of
     the user's terminal: a failed compile is reported as a status with its message."""

@@ -93,6 +93,106 @@ def _compile(args: argparse.Namespace) -> int:
     return 0 if result.status == "ok" else 1
 
 
+@command("tune")
+def _tune(args: argparse.Namespace) -> int:
+    """Search kernel configs for problems on this GPU; every trial lands in the database."""
+    from rich.console import Console
+
+    from .progress import RichReporter, summary_table
+    from .search import SilentReporter, TuneOptions, Tuner
+    from .space import load_space
+    from .store import connect
+    from .target import detect_gpu, detect_software
+
+    space = load_space(args.space)
+    gpu = detect_gpu()
+    problems = _tune_problems(args, space, gpu)
+    options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
+                          jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
+                          trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start)
+    db = connect(args.db)
+    reporter = SilentReporter() if args.quiet else RichReporter()
+    outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
+    Console(width=200).print(summary_table(outcomes, gpu.is_interpreter))
+    if gpu.is_interpreter:
+        print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
+    print(f"Results: {db.url}")
+    return 0 if all(o.best is not None for o in outcomes) else 1
+
+
+def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
+    from .errors import SearchSpaceError
+
+    if args.seqlen is not None:
+        if args.preset:
+            raise SearchSpaceError("give either --preset or a problem (--seqlen ...), not both")
+        return [problem_from_args(args)]
+    name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
+    if name not in space.presets:
+        raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")
+    return list(space.presets[name].problems)
+
+
+@command("query")
+def _query(args: argparse.Namespace) -> int:
+    """Read the results database: best config per problem, or every trial with its status."""
+    from .store import connect
+    from .store import queries
+
+    db = connect(args.db)
+    filters = queries.Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
+                              status=args.status, problem=args.problem)
+    if args.what == "best":
+        rows, row_type = queries.best(db, filters), queries.BestRow
+    else:
+        rows, row_type = queries.trials(db, filters, limit=args.limit), queries.TrialRow
+    emit(queries.as_dicts(rows), queries.columns(row_type), args.format, title=f"{args.what} ({db.url})")
+    return 0
+
+
+def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> None:
+    """Print rows as JSON (a list of objects), CSV (nested values as JSON) or a table."""
+    import csv
+
+    if fmt == "json":
+        print(json.dumps(rows, indent=2, sort_keys=False, default=str))
+        return
+    flat = [{c: json.dumps(r[c], sort_keys=True) if isinstance(r[c], (dict, list)) else r[c] for c in columns}
+            for r in rows]
+    if fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(flat)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    shown = [c for c in columns if c != "config"]
+    for c in shown:
+        table.add_column(c, overflow="fold")
+    for r in flat:
+        table.add_row(*(_cell(r[c]) for c in shown))
+    Console(width=max(120, 14 * len(shown))).print(table)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _tristate(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "causal"):
+        return True
+    if lowered in ("0", "false", "no", "full"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -109,6 +209,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     add_problem_flags(p)
     p.add_argument("--arch", default="9.0", help="compute capability to compile for (default 9.0, Hopper)")
+
+    p = sub.add_parser("tune", help=_tune.__doc__, description=_tune.__doc__)
+    p.add_argument("--preset", default=None, help="named problem set of the search space (default: smoke without a "
+                                                   "GPU, quick with one)")
+    add_problem_flags(p)
+    p.set_defaults(seqlen=None)
+    p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")
+    p.add_argument("--trials", type=int, default=None, help="trials per problem (re-running continues up to this)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
+    p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"])
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or a SQLite file in the user "
+                                               "cache dir)")
+    p.add_argument("--study", default=None, help="study name prefix (default: fa-autotune)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    p.add_argument("--retime-top", type=int, default=3, help="re-time this many best configs before picking")
+    p.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a trial counts as hung")
+    p.add_argument("--no-warm-start", action="store_true", help="do not seed studies with known-good configs")
+    p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
+
+    p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
+    p.add_argument("what", choices=["best", "trials"])
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
+    p.add_argument("--format", default="table", choices=["table", "json", "csv"])
+    p.add_argument("--gpu", default=None, help="substring of the GPU name")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--causal", type=_tristate, default=None, help="true or false")
+    p.add_argument("--status", default=None, help="ok, invalid_config, compile_error, out_of_resources, "
+                                                   "wrong_result, timeout or crashed")
+    p.add_argument("--problem", default=None, help="exact problem key")
+    p.add_argument("--limit", type=int, default=None)
     return parser
 
 

@@ -54,6 +54,15 @@ class KernelConfig:
                 raise ConfigError(str(key), f"unknown template parameter; known: {', '.join(sorted(known))}")
         return cls(**dict(mapping))
 
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | str) -> "KernelConfig | None":
+        """A config read back from a database or file, or None if this version of
+        fa_autotune no longer accepts it (rules tighten when Triton bugs are found)."""
+        try:
+            return cls.from_mapping(json.loads(data) if isinstance(data, str) else data)
+        except (ConfigError, ValueError, TypeError):
+            return None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -122,6 +131,7 @@ def _validate(cfg: KernelConfig) -> None:
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
         # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
         raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
-    if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split"):
-        # Triton 3.6 compiles it only over TMA loads, and returns NaN from masked loops.
-        raise ConfigError("warp_specialize", "needs access='tensor_desc' and causal_mode='split'")
+    if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split" or cfg.num_stages != 2):
+        # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
+        # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
+        raise ConfigError("warp_specialize", "needs access='tensor_desc', causal_mode='split' and num_stages=2")

@@ -27,6 +27,14 @@ class ConfigError(FaAutotuneError, ValueError):
         self.parameter = parameter
 
 
+class KernelResourceError(ConfigError):
+    """The variant needs more shared memory or registers than the GPU has."""
+
+
+class KernelCompileError(ConfigError):
+    """Triton failed to compile the variant for this problem."""
+
+
 class TemplateError(FaAutotuneError, RuntimeError):
     """A template failed to render or a rendered module failed to import."""
 

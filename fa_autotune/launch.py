@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from .codegen import interpreter_active, load_module
 from .config import KernelConfig
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, KernelCompileError, KernelResourceError
 from .problem import Problem
 
 if TYPE_CHECKING:
@@ -126,11 +126,11 @@ def _explain_launch_failure(config: KernelConfig, exc: Exception) -> Exception:
     from triton.runtime.errors import OutOfResources
 
     if isinstance(exc, OutOfResources):
-        return ConfigError(
+        return KernelResourceError(
             "BLOCK_M", f"{config.name} needs more on-chip memory than the GPU has ({exc}); "
             "use smaller BLOCK_M/BLOCK_N or fewer num_stages"
         )
     if isinstance(exc, CompilationError):
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        return ConfigError("config", f"{config.name} does not compile for this problem: {first}")
+        return KernelCompileError("config", f"{config.name} does not compile for this problem: {first}")
     return exc

@@ -159,3 +159,26 @@ def _check_device(device: "torch.device") -> None:
     cap = torch.cuda.get_device_capability(device)
     if cap < MIN_CAPABILITY:
         raise InputError(f"GPU compute capability {cap[0]}.{cap[1]} is too old; fa_autotune needs 8.0 or newer")
+
+
+def distance(a: Problem, b: Problem) -> float:
+    """How far tuned problem ``b`` is from ``a``, for borrowing ``b``'s config.
+
+    Infinite unless dtype, head dim, causal masking (and its alignment) and the GQA group
+    match: those change which kernels are valid or how they behave. Otherwise
+    ``|log2(Nq_a/Nq_b)| + |log2(Nk_a/Nk_b)| + 0.5 * |log2(BH_a/BH_b)|`` with BH = batch *
+    heads_q: sequence lengths decide tile shapes and loop trip counts, batch * heads only
+    how many programs fill the GPU, so it weighs half.
+    """
+    import math
+
+    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group) != (
+        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group
+    ):
+        return math.inf
+
+    def log_ratio(x: int, y: int) -> float:
+        return abs(math.log2(max(x, 1) / max(y, 1)))
+
+    return (log_ratio(a.seqlen_q, b.seqlen_q) + log_ratio(a.seqlen_k, b.seqlen_k)
+            + 0.5 * log_ratio(a.batch * a.heads_q, b.batch * b.heads_q))

@@ -15,7 +15,7 @@ PADDED = Problem(2, 8, 8, 1000, 1000, 80, "float16", causal=True)
 SAMPLE = [
     (CAUSAL, KernelConfig(access="pointer", causal_mode="split")),
     (CAUSAL, KernelConfig(access="block_ptr", causal_mode="masked")),
-    (FULL, KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=3)),
+    (FULL, KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_N=64)),
     (FULL, KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True, BLOCK_N=128, num_stages=2)),
     (FULL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="tensor_desc", num_splits=4)),
     (CAUSAL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="pointer", causal_mode="masked", num_splits=2)),
@@ -49,7 +49,7 @@ def test_variant_compiles_for_hopper(results, problem, config):
 
 def test_impossible_variants_become_statuses():
     too_big = KernelConfig(BLOCK_M=256, BLOCK_N=128, num_stages=4, access="tensor_desc")
-    ws_two_loops = KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True)
+    ws_two_loops = KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True, num_stages=2)
     big, ws = compile_many([too_big, ws_two_loops], CAUSAL, jobs=2)
     assert big.status == "out_of_resources" and big.shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
     assert ws.status == "compile_error" and ws.error

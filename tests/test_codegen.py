@@ -15,7 +15,7 @@ SAMPLE = [
     KernelConfig(),
     KernelConfig(loop_order="kv_outer", q_tiles=4, access="block_ptr", causal_mode="masked"),
     KernelConfig(loop_order="split_kv", num_splits=8, access="tensor_desc"),
-    KernelConfig(access="tensor_desc", warp_specialize=True, BLOCK_N=128),
+    KernelConfig(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2),
 ]
 
 

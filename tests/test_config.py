@@ -20,7 +20,7 @@ def test_names_spell_the_variant():
     cfg = KernelConfig(loop_order="split_kv", BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2,
                        access="tensor_desc", num_splits=8, causal_mode="masked")
     assert cfg.name == "attn_fwd_splitkv_m16n64_w4s2_tma_cmask_x8"
-    assert KernelConfig(access="tensor_desc", warp_specialize=True).name == "attn_fwd_qouter_m128n64_w4s3_tma_ws_cband"
+    assert KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2).name == "attn_fwd_qouter_m128n64_w4s2_tma_ws_cband"
     assert KernelConfig(loop_order="kv_outer", q_tiles=4).name.endswith("_q4")
 
 

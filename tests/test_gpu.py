@@ -55,7 +55,7 @@ def test_matrix(name, shape, dtype):
     "config",
     [
         dict(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2),
-        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=3),
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=2),
         dict(access="tensor_desc", warp_specialize=True, BLOCK_M=64, BLOCK_N=64, num_stages=2),
     ],
 )
@@ -68,11 +68,13 @@ def test_hopper_knobs(config, dtype):
 @pytest.mark.skipif(not HOPPER, reason="warp specialization needs sm_90")
 def test_warp_specialize_refused_where_triton_miscompiles():
     q, k, v = make_qkv(1, 4, 4, 1000, 1000, 128, torch.float16, "cuda")
-    config = dict(access="tensor_desc", warp_specialize=True)
+    config = dict(access="tensor_desc", warp_specialize=True, num_stages=2)
     with pytest.raises(ConfigError, match="warp_specialize"):
         attention(q, k, v, causal=True, config=config)
     with pytest.raises(ConfigError, match="multiple of BLOCK_N"):
         attention(q, k, v, config=config)
+    with pytest.raises(ConfigError, match="num_stages=2"):
+        attention(q, k, v, config=dict(config, num_stages=3))
 
 
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])

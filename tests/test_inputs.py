@@ -104,6 +104,6 @@ def test_config_not_a_mapping():
 def test_warp_specialize_refused_for_causal_and_ragged_lengths():
     q, k, v = make_qkv(1, 2, 2, 40, 40, 32)
     with pytest.raises(ConfigError, match="causal"):
-        attention(q, k, v, causal=True, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc"})
+        attention(q, k, v, causal=True, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc", "num_stages": 2})
     with pytest.raises(ConfigError, match="multiple of BLOCK_N"):
-        attention(q, k, v, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc"})
+        attention(q, k, v, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc", "num_stages": 2})

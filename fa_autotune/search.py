@@ -1,0 +1,416 @@
+"""The tuner: an Optuna study per problem, every trial compiled ahead, checked, timed, stored.
+
+One trial: the space proposes a config (Optuna sampler) -> constraints -> the database
+answers configs it already measured on this problem, GPU and software -> compile for the
+target in a process pool (statically impossible configs stop here) -> correctness gate and
+timing in a restartable child process -> one measurement row. Failures are statuses;
+Optuna sees them as pruned trials so samplers learn to avoid them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import time
+from collections import Counter
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .aot import HOPPER, CompileResult, _worker_init, compile_for_tuning
+from .bench import tflops
+from .config import KernelConfig
+from .defaults import default_config
+from .errors import ConfigError, FaAutotuneError
+from .problem import Problem, distance
+from .space import SearchSpace
+from .store import Database
+from .store import queries
+from .store.records import Ids, get_best, identities, ok_measurements, record, reusable, set_best
+from .target import GpuInfo, SoftwareInfo
+from .worker import DeviceWorker, Job
+
+SAMPLERS = ("tpe", "grid", "random")
+FAILED_VALUE = 1e9  # what a failed trial reports to Optuna before being pruned
+NOISE_FLOOR = 0.01  # configs within 1% (or the measured spread, if larger) are tied
+REPEAT_ALLOWANCE = 4  # at most this many trials per distinct config wanted
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int | None = None  # trials per problem study (re-running continues up to this)
+    time_budget: float | None = None  # seconds for the whole run
+    sampler: str = "tpe"
+    seed: int | None = None
+    jobs: int = max(1, (os.cpu_count() or 2) // 2)
+    study: str | None = None  # study-name prefix
+    retime_top: int = 3
+    trial_timeout: float = 180.0
+    search_rep_ms: float = 50.0
+    retime_rep_ms: float = 300.0
+    warm_start: bool = True
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise FaAutotuneError(f"unknown sampler {self.sampler!r}; choose one of {SAMPLERS}")
+        if self.trials is not None and self.trials < 1:
+            raise FaAutotuneError("--trials must be at least 1")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise FaAutotuneError("--time-budget must be positive")
+
+
+@dataclass
+class ProblemOutcome:
+    problem: Problem
+    study_name: str
+    trials: int = 0  # finished trials in the study
+    new_trials: int = 0
+    reused: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    best: KernelConfig | None = None
+    best_ms: float | None = None
+    best_tflops: float | None = None
+    ties: int = 0
+    seconds: float = 0.0
+
+
+class Reporter(Protocol):
+    def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None: ...
+    def problem_started(self, index: int, outcome: ProblemOutcome, target: int) -> None: ...
+    def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig, ms: float | None) -> None: ...
+    def problem_finished(self, outcome: ProblemOutcome) -> None: ...
+    def finish(self, outcomes: list[ProblemOutcome]) -> None: ...
+
+
+class SilentReporter:
+    def start(self, problems, trials, interpreter): pass
+    def problem_started(self, index, outcome, target): pass
+    def trial_done(self, outcome, status, config, ms): pass
+    def problem_finished(self, outcome): pass
+    def finish(self, outcomes): pass
+
+
+def make_sampler(name: str, seed: int | None):
+    """TPE (multivariate, grouped for the conditional parameters, constant liar so batches
+    can be asked ahead), or random; "grid" enqueues every valid config and samples randomly
+    only as a fallback."""
+    import warnings
+
+    import optuna
+
+    if name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
+                                              constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def study_name(prefix: str | None, gpu: GpuInfo, space: SearchSpace, problem: Problem) -> str:
+    """Deterministic, so re-running the same command continues the same study."""
+    return f"{prefix or 'fa-autotune'}:{gpu.slug}:{space.hash}:{problem.key}"
+
+
+class Tuner:
+    def __init__(self, db: Database, space: SearchSpace, gpu: GpuInfo, software: SoftwareInfo,
+                 options: TuneOptions, reporter: Reporter | None = None) -> None:
+        self.db, self.gpu, self.software, self.options = db, gpu, software, options
+        self.space = space.for_arch(gpu.arch)
+        self.reporter = reporter or SilentReporter()
+        self.target_capability = gpu.capability_tuple or HOPPER
+
+    # ------------------------------------------------------------------ driver
+    def tune(self, problems: list[Problem]) -> list[ProblemOutcome]:
+        import multiprocessing
+
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        deadline = time.monotonic() + self.options.time_budget if self.options.time_budget else None
+        self.reporter.start(problems, self.options.trials or 0, self.gpu.is_interpreter)
+        outcomes: list[ProblemOutcome] = []
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=_worker_init) as pool, \
+                DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
+            for index, problem in enumerate(problems):
+                share = None
+                if deadline is not None:
+                    share = max(0.0, (deadline - time.monotonic()) / (len(problems) - index))
+                outcomes.append(self._tune_problem(index, problem, pool, worker, share))
+        self.reporter.finish(outcomes)
+        return outcomes
+
+    # ------------------------------------------------------------------ one problem
+    def _tune_problem(self, index: int, problem: Problem, pool: ProcessPoolExecutor, worker: DeviceWorker,
+                      budget: float | None) -> ProblemOutcome:
+        import optuna
+
+        start = time.monotonic()
+        stop_at = start + budget if budget is not None else None
+        name = study_name(self.options.study, self.gpu, self.space, problem)
+        ids = identities(self.db, problem, self.gpu, self.software)
+        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), direction="minimize",
+                                    sampler=self._sampler(), load_if_exists=True)
+        _fail_stale_trials(study)
+        if study.trials and self.options.seed is not None:
+            # A resumed study must not replay the draws of the run it continues.
+            study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
+        outcome = ProblemOutcome(problem, name)
+        grid = self.space.grid(problem)
+        if not grid:
+            raise FaAutotuneError(f"the search space allows no config for {problem.key}")
+        target = self._target_trials(len(grid))
+        if not study.trials:
+            study.set_user_attr("problem", problem.key)
+            study.set_user_attr("gpu", self.gpu.name)
+            self._enqueue_start(study, problem, grid, ids)
+        outcome.trials = _distinct(study)
+        self.reporter.problem_started(index, outcome, target)
+        # Double-buffered: the next batch compiles in the pool while this one runs on the device.
+        # Progress counts distinct configs; repeated proposals are answered from the database
+        # and only bounded (REPEAT_ALLOWANCE) so that a small space still ends.
+        current: list[_Pending] = []
+        while True:
+            room = target - _distinct(study) - len(current)
+            in_time = stop_at is None or time.monotonic() < stop_at
+            upcoming = []
+            if room > 0 and in_time and _finished(study) < target * REPEAT_ALLOWANCE:
+                upcoming = self._prepare(study, problem, ids, pool, min(self.options.jobs, room), outcome,
+                                         in_flight={p.config for p in current})
+            if not current and not upcoming:
+                break
+            self._complete(study, problem, ids, pool, worker, current, outcome)
+            current = upcoming
+        outcome.trials = _distinct(study)
+        known = get_best(self.db, ids) if outcome.new_trials == 0 else None
+        if known is not None:  # nothing new since the winner was picked: keep it
+            config, row = known
+            outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = config, row.median_ms, row.tflops, row.ties
+        else:
+            self._pick_winner(problem, ids, worker, outcome)
+        outcome.seconds = time.monotonic() - start
+        self.reporter.problem_finished(outcome)
+        return outcome
+
+    def _target_trials(self, grid_size: int) -> int:
+        if self.options.sampler == "grid":
+            return min(grid_size, self.options.trials or grid_size)
+        wanted = self.options.trials or (8 if self.gpu.is_interpreter else 40)
+        return min(wanted, grid_size)
+
+    def _sampler(self):
+        return make_sampler(self.options.sampler, self.options.seed)
+
+    def _enqueue_start(self, study, problem: Problem, grid: list[KernelConfig], ids: Ids) -> None:
+        """Grid: every valid config once. Otherwise warm start: the built-in default and the
+        winners of the nearest tuned problems on this GPU, where the space allows them."""
+        if self.options.sampler == "grid":
+            for config in grid:
+                study.enqueue_trial(self._params(config))
+            return
+        if not self.options.warm_start:
+            return
+        allowed = set(grid)
+        starts = [default_config(problem, self.gpu.capability_tuple, max(self.gpu.sm_count, 1))]
+        neighbours = sorted(((distance(problem, p), c) for p, c in queries.tuned_problems(self.db, ids.gpu)
+                             if p != problem), key=lambda item: (item[0], item[1].canonical_json()))
+        starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
+        seen = set()
+        for config in starts:
+            if config in allowed and config not in seen:
+                seen.add(config)
+                study.enqueue_trial(self._params(config))
+
+    def _params(self, config: KernelConfig) -> dict[str, Any]:
+        return {p.name: getattr(config, p.name) for p in self.space.parameters}
+
+    # ------------------------------------------------------------------ trials
+    def _prepare(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, size: int,
+                 outcome: ProblemOutcome, in_flight: set[KernelConfig]) -> list["_Pending"]:
+        """Ask ``size`` trials; settle the invalid and already-measured ones at once and
+        start compiling the rest. A repeat of a config in the batch waits for the first."""
+        pending: list[_Pending] = []
+        for _ in range(size):
+            trial = study.ask()
+            config = self._propose(trial, problem, ids, study, outcome)
+            if config is None:
+                continue
+            if config in in_flight or any(config == p.config for p in pending):
+                pending.append(_Pending(trial, config, None, _utcnow()))
+                continue
+            previous = reusable(self.db, ids, config)
+            if previous is not None:
+                self._reuse(study, trial, config, previous, outcome)
+                continue
+            future = pool.submit(compile_for_tuning, config, problem, self.target_capability)
+            pending.append(_Pending(trial, config, future, _utcnow()))
+        return pending
+
+    def _complete(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, worker: DeviceWorker,
+                  pending: list["_Pending"], outcome: ProblemOutcome) -> None:
+        for item in pending:
+            if item.future is None:  # a repeat: answered by its first copy unless that one failed to finish
+                previous = reusable(self.db, ids, item.config)
+                if previous is not None:
+                    self._reuse(study, item.trial, item.config, previous, outcome)
+                    continue
+                item = _Pending(item.trial, item.config,
+                                pool.submit(compile_for_tuning, item.config, problem, self.target_capability),
+                                _utcnow())
+            self._measure(study, item.trial, ids, problem, item.config, _compile_result(item.future, item.config),
+                          worker, item.started, outcome)
+
+    def _measure(self, study, trial, ids: Ids, problem: Problem, config: KernelConfig, compiled: CompileResult,
+                 worker: DeviceWorker, started: dt.datetime, outcome: ProblemOutcome) -> None:
+        if compiled.status != "ok":
+            self._finish(study, trial, ids, config, compiled.status, outcome, started,
+                         message=compiled.error, compile_seconds=compiled.seconds)
+            return
+        result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
+        self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
+                     compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
+
+    def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> KernelConfig | None:
+        """The trial's config, or None after recording it as ``invalid_config``."""
+        params = self.space.suggest(lambda name, choices: trial.suggest_categorical(name, list(choices)), problem)
+        trial.set_user_attr("config", json.dumps(params, sort_keys=True))
+        try:
+            config = KernelConfig.from_mapping(params)
+        except ConfigError as exc:  # not even a config: nothing to store but the trial
+            self._finish(study, trial, ids, None, "invalid_config", outcome, _utcnow(), message=str(exc))
+            return None
+        broken = self.space.violated(params, problem)
+        if broken is not None:
+            self._finish(study, trial, ids, config, "invalid_config", outcome, _utcnow(),
+                         message=f"constraint {broken.text!r} ({broken.where})")
+            return None
+        return config
+
+    def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
+        outcome.reused += 1
+        if previous is not None and previous.status == "ok":
+            trial.set_user_attr("status", "ok")
+            trial.set_user_attr("reused", True)
+            study.tell(trial, previous.median_ms)
+            outcome.statuses["ok"] += 1
+            self._note_best(outcome, config, previous.median_ms)
+        else:
+            status = previous.status
+            trial.set_user_attr("status", status)
+            trial.set_user_attr("reused", True)
+            trial.report(FAILED_VALUE, 0)
+            study.tell(trial, state=_pruned())
+            outcome.statuses[status] += 1
+        self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
+
+    def _finish(self, study, trial, ids: Ids, config: KernelConfig | None, status: str, outcome: ProblemOutcome,
+                started: dt.datetime, **fields) -> None:
+        """Record the measurement, then tell Optuna; the row is written first so a kill
+        between the two loses nothing that was measured."""
+        trial.set_user_attr("status", status)
+        if config is not None:
+            record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), study_name=study.study_name,
+                   trial_number=trial.number, **fields)
+        else:
+            trial.set_user_attr("message", fields.get("message", "")[:500])
+        outcome.new_trials += 1
+        outcome.statuses[status] += 1
+        if status == "ok":
+            study.tell(trial, fields["median_ms"])
+            self._note_best(outcome, config, fields["median_ms"])
+        else:
+            trial.report(FAILED_VALUE, 0)
+            study.tell(trial, state=_pruned())
+        self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
+
+    def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:
+        if outcome.best_ms is None or ms < outcome.best_ms:
+            outcome.best, outcome.best_ms, outcome.best_tflops = config, ms, tflops(outcome.problem, ms)
+
+    # ------------------------------------------------------------------ winner
+    def _pick_winner(self, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
+        """Re-time the top few with more repetitions; configs within noise of the fastest
+        are tied and the tie goes to the first in canonical-JSON order (deterministic)."""
+        candidates = ok_measurements(self.db, ids)[: self.options.retime_top]
+        if not candidates:
+            return
+        timed: list[tuple[KernelConfig, dict]] = []
+        for config, _ in candidates:
+            started = _utcnow()
+            result = worker.run(Job(config, problem, rep_ms=self.options.retime_rep_ms), self.options.trial_timeout)
+            status = result.pop("status")
+            fields = _measurement_fields(result, problem)
+            record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), phase="retime",
+                   study_name=outcome.study_name, **fields)
+            if status == "ok":
+                timed.append((config, fields))
+        if not timed:
+            return
+        fastest = min(fields["median_ms"] for _, fields in timed)
+        spread = max((f["p80_ms"] - f["p20_ms"]) / f["median_ms"] for _, f in timed if f["median_ms"])
+        tolerance = max(NOISE_FLOOR, spread)
+        tied = sorted((item for item in timed if item[1]["median_ms"] <= fastest * (1 + tolerance)),
+                      key=lambda item: item[0].canonical_json())
+        winner, fields = tied[0]
+        set_best(self.db, ids, winner, fields["median_ms"], fields["tflops"], fields.get("rel_error"), len(tied),
+                 outcome.study_name)
+        outcome.best, outcome.best_ms, outcome.best_tflops = winner, fields["median_ms"], fields["tflops"]
+        outcome.ties = len(tied)
+
+
+def _measurement_fields(result: dict, problem: Problem) -> dict:
+    fields = {k: result.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "max_abs_error", "rel_error")}
+    fields["message"] = result.get("message", "")
+    if fields["median_ms"]:
+        fields["tflops"] = tflops(problem, fields["median_ms"])
+    return fields
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A trial whose config is compiling (``future``), or a repeat waiting for its twin."""
+
+    trial: Any
+    config: KernelConfig
+    future: Future | None
+    started: dt.datetime
+
+
+def _compile_result(future: Future, config: KernelConfig) -> CompileResult:
+    try:
+        return future.result()
+    except Exception as exc:  # a worker died compiling: the config's fault until shown otherwise
+        return CompileResult(config, "compile_error", 0.0, (), f"compiler process failed: {exc}")
+
+
+def _finished(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _distinct(study) -> int:
+    """Distinct configs the study has settled (repeats of one config count once)."""
+    from optuna.trial import TrialState
+
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return len({t.user_attrs.get("config", t.number) for t in finished})
+
+
+def _fail_stale_trials(study) -> None:
+    """Trials left RUNNING by a killed tune are lost in flight: close them as failed."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+
+
+def _pruned():
+    from optuna.trial import TrialState
+
+    return TrialState.PRUNED
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

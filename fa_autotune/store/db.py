@@ -1,0 +1,131 @@
+"""Connecting to the results database (any SQLAlchemy URL; SQLite by default).
+
+SQLite runs in WAL mode with a busy timeout so ``tune`` can write while ``query`` reads.
+The schema is versioned; :mod:`.migrations` upgrades older databases in place and refuses
+newer ones, so a database is never silently rewritten by the wrong version.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, select, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import DatabaseError
+from ..paths import cache_root
+from .migrations import upgrade
+
+BUSY_TIMEOUT_S = 30
+
+
+def default_url() -> str:
+    """``FA_AUTOTUNE_DB``, else a SQLite file in the user cache dir."""
+    return os.environ.get("FA_AUTOTUNE_DB") or f"sqlite:///{cache_root() / 'tuning.sqlite'}"
+
+
+def safe_url(url: str) -> str:
+    """The URL with any password masked, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
+
+
+class Database:
+    """An engine, a session factory, and the schema checked and upgraded."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            parsed = make_url(url)
+        except Exception as exc:
+            raise DatabaseError(f"not a database URL: {url!r} ({exc})") from None
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        kwargs = {}
+        if self.is_sqlite:
+            _prepare_sqlite_path(parsed.database)
+            kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_S}
+        try:
+            self.engine: Engine = create_engine(url, future=True, **kwargs)
+        except Exception as exc:  # missing driver, bad options
+            raise DatabaseError(f"cannot open database {safe_url(url)}: {exc}") from None
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database))
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            upgrade(self.engine)
+        except DatabaseError:
+            raise
+        except SQLAlchemyError as exc:
+            raise DatabaseError(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
+                                f"{str(exc).splitlines()[0]}") from None
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A transaction: committed on success, rolled back on any error."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def scalar(self, statement):
+        with self.session() as s:
+            return s.scalar(statement)
+
+    def optuna_storage(self):
+        """Optuna's RDB storage on the same database."""
+        import optuna
+
+        kwargs = {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if self.is_sqlite else {}
+        try:
+            return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs, skip_compatibility_check=False)
+        except Exception as exc:
+            raise DatabaseError(f"Optuna cannot use {safe_url(self.url)}: {exc}") from None
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _prepare_sqlite_path(database: str | None) -> None:
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    directory = os.path.dirname(os.path.abspath(database))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseError(f"cannot create the directory of SQLite database {database}: {exc}") from None
+
+
+def _sqlite_pragmas(database: str | None):
+    in_memory = not database or database == ":memory:"
+
+    def on_connect(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return on_connect
+
+
+def connect(url: str | None = None) -> Database:
+    return Database(url or default_url())
+
+
+def schema_version(db: Database) -> int:
+    from .models import SchemaVersionModel
+
+    return db.scalar(select(SchemaVersionModel.version).order_by(SchemaVersionModel.id.desc()).limit(1))

@@ -1,0 +1,49 @@
+"""Schema versions and the steps between them.
+
+Version 1 is the first schema. A later change adds ``MIGRATIONS[n]``, a function that
+takes a connection at version n-1 to version n without dropping data (ALTER TABLE ...),
+and bumps ``models.SCHEMA_VERSION``. Opening a database runs the missing steps in order
+inside one transaction; a database newer than the code is refused untouched.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import inspect, select
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import DatabaseError
+from . import models
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+
+
+def upgrade(engine: Engine) -> int:
+    """Bring the database to ``models.SCHEMA_VERSION``; returns the version found."""
+    target = models.SCHEMA_VERSION
+    with engine.begin() as conn:
+        tables = set(inspect(conn).get_table_names())
+        ours = {t for t in tables if t.startswith("fa_")}
+        if "fa_schema_version" not in tables:
+            if ours:
+                raise DatabaseError(f"database has fa_autotune tables {sorted(ours)} but no schema version; "
+                                    "it was not written by fa_autotune")
+            models.Base.metadata.create_all(conn)
+            conn.execute(models.SchemaVersionModel.__table__.insert().values(version=target))
+            return 0
+        found = conn.execute(
+            select(models.SchemaVersionModel.version).order_by(models.SchemaVersionModel.id.desc()).limit(1)
+        ).scalar()
+        if found is None:
+            raise DatabaseError("database schema version table is empty")
+        if found > target:
+            raise DatabaseError(f"database schema version {found} is newer than this fa_autotune "
+                                f"understands ({target}); upgrade fa_autotune")
+        for version in range(found + 1, target + 1):
+            step = MIGRATIONS.get(version)
+            if step is None:
+                raise DatabaseError(f"no migration from schema version {version - 1} to {version}")
+            step(conn)
+            conn.execute(models.SchemaVersionModel.__table__.insert().values(version=version))
+        models.Base.metadata.create_all(conn)  # tables added by this version, if any
+        return found

@@ -1,0 +1,113 @@
+"""The command line as a user runs it: separate processes, a temporary SQLite database."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+TINY = ["--batch", "1", "--heads", "2", "--seqlen", "40", "--head-dim", "16"]
+
+
+def cli(*args, env=None, timeout=600, check=True):
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", *args], capture_output=True, text=True,
+                            env=env, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def env(tmp_path, kernel_cache):
+    e = dict(os.environ, FA_AUTOTUNE_CACHE=str(kernel_cache))
+    e.pop("TRITON_INTERPRET", None)  # the CLI must find its own way to the interpreter
+    return e
+
+
+@pytest.fixture
+def db_url(tmp_path):
+    return f"sqlite:///{tmp_path / 'tune.sqlite'}"
+
+
+def measurements(db_url):
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        return conn.execute("SELECT c.hash, m.status, m.phase FROM fa_measurements m "
+                            "JOIN fa_configs c ON c.id = m.config_id").fetchall()
+
+
+def test_tune_then_query(env, db_url):
+    out = cli("tune", *TINY, "--trials", "4", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
+    assert "interpreter" in out.stdout and "not a GPU" in out.stdout
+    rows = measurements(db_url)
+    search = [r for r in rows if r[2] == "search"]
+    assert len({r[0] for r in search}) == 4
+    assert {r[1] for r in rows} <= {"ok", "invalid_config", "compile_error", "out_of_resources", "wrong_result"}
+
+    best = json.loads(cli("query", "best", "--db", db_url, "--format", "json", env=env).stdout)
+    assert len(best) == 1
+    assert best[0]["problem"] == "b1_hq2_hkv2_nq40_nk40_d16_float16_full" and best[0]["median_ms"] > 0
+    assert best[0]["gpu"].startswith("Triton interpreter") and best[0]["config"]["loop_order"]
+
+    table = list(csv.DictReader(io.StringIO(cli("query", "trials", "--db", db_url, "--format", "csv", env=env).stdout)))
+    assert len(table) == len(rows) and all(r["status"] for r in table)
+    assert json.loads(table[0]["config"])["BLOCK_M"] in (16, 32)
+    ok_only = json.loads(cli("query", "trials", "--db", db_url, "--format", "json", "--status", "ok", env=env).stdout)
+    assert ok_only and all(r["status"] == "ok" for r in ok_only)
+    assert json.loads(cli("query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16", env=env).stdout) == []
+    assert "best" in cli("query", "best", "--db", db_url, env=env).stdout  # the table has a title
+
+    # The same command again with more trials continues the study; nothing is timed twice.
+    cli("tune", *TINY, "--trials", "6", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
+    search = [r for r in measurements(db_url) if r[2] == "search"]
+    assert len({r[0] for r in search}) == 6
+    assert len(search) == 6, "a config was measured twice"
+
+
+def test_kill_minus_nine_then_resume(env, db_url):
+    args = ["tune", *TINY, "--causal", "--trials", "10", "--jobs", "2", "--seed", "5", "--db", db_url, "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        time.sleep(0.5)
+        try:
+            if len(measurements(db_url)) >= 3:
+                break
+        except sqlite3.Error:
+            continue
+    os.killpg(proc.pid, signal.SIGKILL)  # the tuner, its compile pool and its device worker
+    proc.wait()
+    before = measurements(db_url)
+    assert 3 <= len(before) < 10
+    cli(*args, env=env)
+    after = [r for r in measurements(db_url) if r[2] == "search"]
+    assert before == measurements(db_url)[: len(before)]  # nothing measured was lost or rewritten
+    assert len({r[0] for r in after}) == 10
+    assert len(after) <= 10 + 2, "more than the trials in flight were measured again"
+
+
+def test_bad_space_and_bad_db_are_one_line_errors(env, tmp_path, db_url):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nparameters:\n  BLOCK_M: [48]\n")
+    result = cli("tune", *TINY, "--space", str(bad), "--db", db_url, env=env, check=False)
+    assert result.returncode == 2 and "bad.yaml:3 (parameters.BLOCK_M)" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = cli("query", "best", "--db", "postgresql+nosuchdriver://x/y", env=env, check=False)
+    assert result.returncode == 2 and "cannot open database" in result.stderr
+    result = cli("tune", "--preset", "nope", "--db", db_url, env=env, check=False)
+    assert result.returncode == 2 and "unknown preset 'nope'" in result.stderr
+
+
+def test_render_and_compile_commands(env, tmp_path):
+    out = cli("render", "--config", '{"loop_order": "split_kv", "num_splits": 4}', "--out", str(tmp_path), env=env)
+    path = out.stdout.strip()
+    assert path.endswith(".py") and "attn_fwd_splitkv" in path and os.path.exists(path)
+    bad = cli("render", "--config", '{"BLOCK_M": 65}', env=env, check=False)
+    assert bad.returncode == 2 and "BLOCK_M" in bad.stderr
