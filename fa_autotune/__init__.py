@@ -1,15 +1,25 @@
 """fa_autotune: generated, tuned Triton FlashAttention kernels.
 
 ``from fa_autotune import attention`` is all most users need. Importing the package is
-cheap: Triton, Jinja, Optuna and SQLAlchemy load only when first used.
+cheap: PyTorch, Triton, Jinja, Optuna and SQLAlchemy load only when first used.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import Any
 
-from .api import attention
 from .config import KernelConfig
 from .errors import ConfigError, FaAutotuneError, InputError
 from .problem import Problem
 
-__all__ = ["attention", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError", "__version__"]
+__version__ = "0.1.0"
+
+__all__ = ["attention", "explain", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError",
+           "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("attention", "explain"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fa_autotune' has no attribute {name!r}")

@@ -1,24 +1,43 @@
-"""The public entry point: ``attention``, a drop-in for SDPA's forward."""
+"""The public entry points: ``attention`` (a drop-in for SDPA's forward) and ``explain``.
+
+The eager hot path is a dict lookup keyed by the call's shapes, strides, dtypes, device
+and options: the first call validates, consults the dispatcher, imports the kernel module
+and prepares its launch; later calls allocate the output and launch. Under
+``torch.compile`` the call goes through the ``fa_autotune::attention`` custom op instead,
+so graphs compile without breaks.
+"""
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
+import torch
+
+from .codegen import load_module
 from .config import KernelConfig
-from .defaults import default_config
+from .dispatch import DISPATCHER, Choice
 from .launch import allocate_outputs, check_config, resolve_scale, run, tma_compatible
-from .problem import problem_from_tensors
+from .problem import Problem, problem_from_tensors
 
-if TYPE_CHECKING:
-    import torch
+@dataclass(frozen=True)
+class _Plan:
+    problem: Problem
+    config: KernelConfig
+    launch: Callable[..., Any] | None  # prepared run(q, k, v, out, lse); None when nothing to launch
+    tma: bool  # base pointers must stay 16-byte aligned for this plan
 
-_DEFAULTS: dict[tuple, KernelConfig] = {}
+
+_PLANS: dict[tuple, _Plan] = {}
+_PLANS_LOCK = threading.Lock()
+_MAX_PLANS = 4096
 
 
 def attention(
-    q: "torch.Tensor",
-    k: "torch.Tensor",
-    v: "torch.Tensor",
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     causal: bool = False,
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
@@ -33,38 +52,105 @@ def attention(
     last key instead (flash-attn / KV-cache convention); query rows that then see no key
     get zeros. ``return_lse=True`` also returns the natural-log log-sum-exp of each row's
     scores, shape (batch, heads, seqlen_q), fp32. ``config`` runs exactly that kernel
-    variant (a mapping of template parameters); ``None`` picks one for the problem.
-    CPU tensors run in Triton's interpreter (slow; for tests).
+    variant (a mapping of template parameters); ``None`` asks the dispatcher (tuned
+    results for this GPU, else a built-in default). CPU tensors run in Triton's
+    interpreter (slow; for tests).
     """
+    if torch.compiler.is_compiling():
+        return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
+    if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, causal, scale, causal_align, return_lse)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _make_plan(key, q, k, v, causal, scale, causal_align, return_lse)
+        # Strides are part of the key; for TMA only the base addresses can still be misaligned.
+        if plan.launch is not None and (not plan.tma or not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32) if return_lse else None
+            plan.launch(q, k, v, out, lse)
+            return (out, lse) if return_lse else out
+    return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
+
+
+def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
+    """The general path: validate everything, pick or parse the config, launch."""
     problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
     sm_scale = resolve_scale(scale, problem.head_dim)
-    if config is None:
-        chosen = _default_for(problem, q, k, v)
-    else:
-        chosen = KernelConfig.from_mapping(config)
+    chosen = _dispatched(problem, q, k, v).config if config is None else KernelConfig.from_mapping(config)
     check_config(chosen, problem, q, k, v)
     out, lse = allocate_outputs(q, problem, return_lse)
     run(chosen, problem, q, k, v, sm_scale, out, lse)
     return (out, lse) if return_lse else out
 
 
-def _default_for(problem, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor") -> KernelConfig:
-    key = (problem, q.device)
-    cfg = _DEFAULTS.get(key)
-    if cfg is None:
-        capability, sms = None, 1
-        if q.device.type == "cuda":
-            import torch
-
-            props = torch.cuda.get_device_properties(q.device)
-            capability, sms = (props.major, props.minor), props.multi_processor_count
-        cfg = _DEFAULTS.setdefault(key, default_config(problem, capability, sms))
-    if cfg.access == "tensor_desc" and not tma_compatible(q, k, v):
-        return _without_tma(cfg)
-    return cfg
+def _dispatched(problem: Problem, q, k, v) -> Choice:
+    choice = DISPATCHER.choose(problem, q.device.type, q.device.index or 0)
+    if choice.config.access == "tensor_desc" and not tma_compatible(q, k, v):
+        return Choice(choice.config.with_(access="block_ptr", warp_specialize=False), choice.source, choice.matched,
+                      choice.distance, choice.origin)
+    return choice
 
 
-@lru_cache(maxsize=256)
-def _without_tma(cfg: KernelConfig) -> KernelConfig:
-    """The same variant on block pointers, for layouts TMA cannot address."""
-    return cfg.with_(access="block_ptr")
+def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
+    from .codegen import interpreter_active
+    from .errors import InputError
+
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    sm_scale = resolve_scale(scale, problem.head_dim)
+    config = _dispatched(problem, q, k, v).config
+    check_config(config, problem, q, k, v)
+    prepared = None
+    if not problem.is_empty and problem.seqlen_k > 0 and not (q.device.type == "cpu" and not interpreter_active()):
+        out, lse = allocate_outputs(q, problem, return_lse)
+        prepared = load_module(config).prepare(q, k, v, out, lse, sm_scale, problem.causal_offset, problem.causal)
+    elif q.device.type == "cpu" and not interpreter_active() and not problem.is_empty and problem.seqlen_k > 0:
+        raise InputError("CPU tensors run in Triton's interpreter: set TRITON_INTERPRET=1 before starting Python")
+    plan = _Plan(problem, config, prepared, config.access == "tensor_desc")
+    with _PLANS_LOCK:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
+            causal_align: str = "top_left") -> dict[str, Any]:
+    """What ``attention(q, k, v, causal)`` would run, and why (never launches or tunes)."""
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    choice = _dispatched(problem, q, k, v)
+    return {
+        "source": choice.source,
+        "config": choice.config.to_dict(),
+        "kernel": choice.config.name,
+        "problem": problem.key,
+        "matched_problem": choice.matched.key if choice.matched is not None else None,
+        "distance": choice.distance,
+        "origin": choice.origin,
+    }
+
+
+# ------------------------------------------------------------------ torch.compile
+@torch.library.custom_op("fa_autotune::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                  causal_align: str, config: str | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    parsed = json.loads(config) if config is not None else None
+    if return_lse:
+        return _run_once(q, k, v, causal, scale, parsed, causal_align, True)
+    out = _run_once(q, k, v, causal, scale, parsed, causal_align, False)
+    return out, out.new_empty((0,), dtype=torch.float32)
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, scale, causal_align, config, return_lse):
+    out = torch.empty_like(q)
+    lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse):
+    text = None
+    if config is not None:
+        text = KernelConfig.from_mapping(config).canonical_json()
+    out, lse = torch.ops.fa_autotune.attention(q, k, v, causal, scale, causal_align, text, return_lse)
+    return (out, lse) if return_lse else out

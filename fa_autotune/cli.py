@@ -144,10 +144,76 @@ def _query(args: argparse.Namespace) -> int:
                               status=args.status, problem=args.problem)
     if args.what == "best":
         rows, row_type = queries.best(db, filters), queries.BestRow
-    else:
+    elif args.what == "trials":
         rows, row_type = queries.trials(db, filters, limit=args.limit), queries.TrialRow
+    elif args.what == "failures":
+        rows, row_type = queries.failures(db, filters), queries.FailureRow
+    elif args.what == "compare":
+        if not (args.a and args.b):
+            raise FaAutotuneError("compare needs --a and --b, e.g. --a gpu=H100 --b gpu=H200 or --a triton=3.5.1 "
+                                  "--b triton=3.6.0")
+        try:
+            rows = queries.compare(db, _selector(args.a), _selector(args.b), filters)
+        except ValueError as exc:
+            raise FaAutotuneError(str(exc)) from None
+        row_type = queries.CompareRow
+    else:
+        from .space import load_space
+
+        space = load_space(args.space)
+        if not args.preset or args.preset not in space.presets:
+            raise FaAutotuneError(f"coverage needs --preset, one of {', '.join(sorted(space.presets))}")
+        rows, row_type = queries.coverage(db, list(space.presets[args.preset].problems), filters), queries.CoverageRow
     emit(queries.as_dicts(rows), queries.columns(row_type), args.format, title=f"{args.what} ({db.url})")
     return 0
+
+
+def _selector(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not value:
+        raise FaAutotuneError(f"expected KEY=VALUE (gpu, triton, torch, template_hash, fa_autotune), got {text!r}")
+    return key.strip(), value.strip()
+
+
+@command("export")
+def _export(args: argparse.Namespace) -> int:
+    """Write the database's winners as one JSON file per GPU and kernel family."""
+    from .export import export
+    from .store import connect
+
+    paths = export(connect(args.db), args.out, args.gpu)
+    if not paths:
+        print("nothing to export: the database has no tuned winners" + (f" for GPU {args.gpu!r}" if args.gpu else ""),
+              file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
+@command("import")
+def _import(args: argparse.Namespace) -> int:
+    """Load exported config files into a database (all validated before anything is written)."""
+    from .export import import_files
+    from .store import connect
+
+    count = import_files(connect(args.db), args.files)
+    print(f"imported {count} tuned configs from {len(args.files)} file(s)")
+    return 0
+
+
+@command("report")
+def _report(args: argparse.Namespace) -> int:
+    """Draw PNG plots: TFLOPS per problem, and best-so-far against trial number."""
+    from .report import write_report
+    from .store import connect
+    from .store.queries import Filters
+
+    filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
+    paths = write_report(connect(args.db), args.out, filters)
+    for path in paths:
+        print(path)
+    return 0 if paths else 1
 
 
 def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> None:
@@ -230,18 +296,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
 
     p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
-    p.add_argument("what", choices=["best", "trials"])
-    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
+    p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage"],
+                   help="best: winner per problem; trials: every measurement; failures: counts and examples by "
+                        "status; compare: the same problems on two GPUs/software versions (--a, --b); coverage: "
+                        "which problems of --preset are tuned, and how far the nearest tuned one is")
+    _add_db_flags(p)
     p.add_argument("--format", default="table", choices=["table", "json", "csv"])
-    p.add_argument("--gpu", default=None, help="substring of the GPU name")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--causal", type=_tristate, default=None, help="true or false")
     p.add_argument("--status", default=None, help="ok, invalid_config, compile_error, out_of_resources, "
                                                    "wrong_result, timeout or crashed")
     p.add_argument("--problem", default=None, help="exact problem key")
     p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--a", default=None, help="compare: one side, KEY=VALUE (gpu=H100, triton=3.6.0, ...)")
+    p.add_argument("--b", default=None, help="compare: the other side")
+    p.add_argument("--preset", default=None, help="coverage: the problem set")
+    p.add_argument("--space", default="fwd", help="coverage: search space holding the preset")
+
+    p = sub.add_parser("export", help=_export.__doc__, description=_export.__doc__)
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
+    p.add_argument("--out", required=True, help="directory for the files")
+    p.add_argument("--gpu", default=None, help="only GPUs whose name contains this")
+
+    p = sub.add_parser("import", help=_import.__doc__, description=_import.__doc__)
+    p.add_argument("files", nargs="+", help="exported JSON files")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
+
+    p = sub.add_parser("report", help=_report.__doc__, description=_report.__doc__)
+    _add_db_flags(p)
+    p.add_argument("--out", required=True, help="directory for the PNG files")
     return parser
+
+
+def _add_db_flags(p: argparse.ArgumentParser) -> None:
+    """--db and the filters shared by query and report."""
+    p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
+    p.add_argument("--gpu", default=None, help="substring of the GPU name")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--head-dim", type=int, default=None)
+    p.add_argument("--causal", type=_tristate, default=None, help="true or false")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -87,8 +87,9 @@ def render(config: KernelConfig) -> RenderedKernel:
 
 def tidy(source: str) -> str:
     """Normalise blank lines PEP 8 style, so templates can be written for readability
-    without fighting Jinja's whitespace rules: none inside code blocks, one after the
-    imports, two around top-level definitions; docstrings are left untouched."""
+    without fighting Jinja's whitespace rules: none inside code blocks, one before nested
+    definitions and after the imports, two around top-level definitions; docstrings are
+    left untouched."""
     out: list[str] = []
     in_doc = False
     for line in (raw.rstrip() for raw in source.splitlines()):
@@ -104,6 +105,9 @@ def tidy(source: str) -> str:
 
 def _blank_lines_before(line: str, previous: list[str]) -> int:
     last = next((p for p in reversed(previous) if p), None)
+    nested_def = line.startswith("    ") and line.lstrip().startswith(("def ", "@"))
+    if nested_def and last is not None and last[0].isspace() and not last.lstrip().startswith(("@", "class ")):
+        return 1  # methods and nested functions: one blank line
     if last is None or line[0].isspace() or line[0] in ")]}":
         return 0
     if last.startswith("@"):

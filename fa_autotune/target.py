@@ -57,14 +57,19 @@ class SoftwareInfo:
         return asdict(self)
 
 
+def interpreter_gpu() -> GpuInfo:
+    """The stand-in identity of Triton's interpreter on this CPU."""
+    cpu = platform.processor() or platform.machine() or "cpu"
+    return GpuInfo(f"Triton interpreter ({cpu})", INTERPRETER, 0, 0, "none")
+
+
 @lru_cache(maxsize=None)
 def detect_gpu(index: int = 0) -> GpuInfo:
     """The CUDA device ``index``, or the interpreter when there is no GPU."""
     import torch
 
     if not torch.cuda.is_available():
-        cpu = platform.processor() or platform.machine() or "cpu"
-        return GpuInfo(f"Triton interpreter ({cpu})", INTERPRETER, 0, 0, "none")
+        return interpreter_gpu()
     props = torch.cuda.get_device_properties(index)
     from .bench import _driver_version
 

@@ -103,3 +103,53 @@ def test_memory_is_linear_in_sequence_length():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     assert extra <= 2 * out.numel() * out.element_size()
+
+
+def test_torch_compile_fullgraph_inductor():
+    import fa_autotune
+
+    class Block(torch.nn.Module):
+        def forward(self, x, k, v):
+            return fa_autotune.attention(torch.nn.functional.silu(x), k, v, causal=True) * 2
+
+    q, k, v = make_qkv(2, 8, 2, 512, 512, 64, torch.bfloat16, "cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(Block(), fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), Block()(q, k, v), atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = make_qkv(2, 8, 8, 1000, 1000, 128, torch.float16, "cuda")
+    attention(q, k, v, causal=True)  # compile and plan outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, k, v, causal=True)
+    for _ in range(2):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close_to_reference(out, q, k, v, causal=True)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_name() == "NVIDIA H200"),
+                    reason="the shipped file is for the H200")
+def test_shipped_h200_configs_are_used(monkeypatch, tmp_path):
+    import fa_autotune
+    from fa_autotune import dispatch
+
+    monkeypatch.setenv("FA_AUTOTUNE_DB", f"sqlite:///{tmp_path / 'none.sqlite'}")
+    monkeypatch.delenv("FA_AUTOTUNE_CONFIG_DIR", raising=False)
+    dispatch.DISPATCHER.reset()
+    q, k, v = make_qkv(4, 16, 16, 4096, 4096, 128, torch.bfloat16, "cuda")
+    info = fa_autotune.explain(q, k, v, causal=True)
+    assert info["source"] == "shipped" and info["distance"] == 0
+    assert_close_to_reference(fa_autotune.attention(q, k, v, causal=True), q, k, v, causal=True)
+    q, k, v = make_qkv(2, 16, 16, 3000, 3000, 128, torch.bfloat16, "cuda")
+    info = fa_autotune.explain(q, k, v, causal=True)
+    assert info["source"] == "shipped" and info["distance"] > 0  # nearest tuned problem
+    dispatch.DISPATCHER.reset()

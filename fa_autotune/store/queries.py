@@ -147,3 +147,122 @@ def as_dicts(rows: list) -> list[dict[str, Any]]:
 
 def columns(row_type) -> list[str]:
     return [f.name for f in fields(row_type)]
+
+
+@dataclass(frozen=True)
+class FailureRow:
+    status: str
+    count: int
+    problems: int
+    example_problem: str
+    example_config: str
+    example_message: str
+
+
+def failures(db: Database, filters: Filters = Filters()) -> list[FailureRow]:
+    """Failed trials grouped by status, with a count and the latest example of each."""
+    rows = [r for r in trials(db, filters) if r.status != "ok"]
+    out = []
+    for status in sorted({r.status for r in rows}):
+        group = [r for r in rows if r.status == status]
+        last = group[-1]
+        out.append(FailureRow(status, len(group), len({r.problem for r in group}), last.problem, last.config_name,
+                              last.message))
+    return sorted(out, key=lambda r: (-r.count, r.status))
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    problem: str
+    a_config: str
+    a_ms: float
+    a_tflops: float
+    b_config: str
+    b_ms: float
+    b_tflops: float
+    speedup_b_over_a: float  # a_ms / b_ms: above 1 means side b is faster
+
+
+COMPARE_KEYS = ("gpu", "triton", "torch", "template_hash", "fa_autotune")
+
+
+def _side(rows: list[BestRow], selector: tuple[str, str]) -> dict[str, BestRow]:
+    key, value = selector
+    if key not in COMPARE_KEYS:
+        raise ValueError(f"compare by one of {COMPARE_KEYS}, not {key!r}")
+    picked: dict[str, BestRow] = {}
+    for r in rows:
+        field = getattr(r, key)
+        if (value.lower() in field.lower()) if key == "gpu" else field == value:
+            picked[r.problem] = r  # rows are sorted, so the last (newest software) wins
+    return picked
+
+
+def compare(db: Database, a: tuple[str, str], b: tuple[str, str], filters: Filters = Filters()) -> list[CompareRow]:
+    """The same problems' winners on two GPUs or two software versions (``("gpu", "H100")``,
+    ``("triton", "3.6.0")``...): only problems both sides have."""
+    rows = best(db, filters)
+    side_a, side_b = _side(rows, a), _side(rows, b)
+    return [CompareRow(p, side_a[p].config_name, side_a[p].median_ms, side_a[p].tflops, side_b[p].config_name,
+                       side_b[p].median_ms, side_b[p].tflops, side_a[p].median_ms / side_b[p].median_ms)
+            for p in sorted(set(side_a) & set(side_b))]
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    problem: str
+    gpu: str
+    tuned: bool
+    config: str | None
+    nearest_problem: str | None
+    distance: float | None  # how far the nearest tuned problem is (fa_autotune.problem.distance)
+
+
+def coverage(db: Database, problems: list[Problem], filters: Filters = Filters()) -> list[CoverageRow]:
+    """For each problem (of a preset) and GPU in the database: tuned, or how far the nearest is."""
+    import math
+
+    from ..problem import distance
+
+    rows = best(db, filters)
+    gpus = sorted({r.gpu for r in rows})
+    tuned: dict[str, list[tuple[Problem, str]]] = {g: [] for g in gpus}
+    with db.session() as s:
+        problem_rows = {p.key: problem_of(p) for p in s.scalars(select(ProblemModel))}
+    for r in rows:
+        tuned[r.gpu].append((problem_rows[r.problem], r.config_name))
+    out = []
+    for gpu in gpus:
+        for problem in problems:
+            exact = [c for p, c in tuned[gpu] if p == problem]
+            if exact:
+                out.append(CoverageRow(problem.key, gpu, True, exact[0], problem.key, 0.0))
+                continue
+            near = sorted(((distance(problem, p), p.key, c) for p, c in tuned[gpu]), key=lambda t: (t[0], t[1]))
+            if near and math.isfinite(near[0][0]):
+                out.append(CoverageRow(problem.key, gpu, False, near[0][2], near[0][1], near[0][0]))
+            else:
+                out.append(CoverageRow(problem.key, gpu, False, None, None, None))
+    return out
+
+
+@dataclass(frozen=True)
+class ProgressRow:
+    study_name: str
+    problem: str
+    trial: int  # 1-based order of measurement within the study
+    median_ms: float | None
+    best_so_far_ms: float | None
+
+
+def search_progress(db: Database, filters: Filters = Filters()) -> list[ProgressRow]:
+    """Best-so-far against trial number for every study (for the report's convergence plot)."""
+    rows = [r for r in trials(db, filters) if r.phase == "search" and r.study_name]
+    out, best_by_study, count = [], {}, {}
+    for r in rows:
+        count[r.study_name] = count.get(r.study_name, 0) + 1
+        ms = r.median_ms if r.status == "ok" else None
+        if ms is not None:
+            best_by_study[r.study_name] = min(ms, best_by_study.get(r.study_name, ms))
+        out.append(ProgressRow(r.study_name, r.problem, count[r.study_name], ms, best_by_study.get(r.study_name)))
+    return out

@@ -1,0 +1,195 @@
+"""Which config runs a problem: the lookup chain behind ``attention(config=None)``.
+
+First hit wins: in-process cache -> local results database (the exact problem, then the
+nearest tuned problem on this GPU and Triton version, by :func:`fa_autotune.problem.distance`)
+-> exported files (each directory of ``FA_AUTOTUNE_CONFIG_DIR``, then the files shipped in
+``tuning_db/``; exact, then nearest) -> the built-in default. Sources are read once per
+process, on the first call that needs them; after the first call for a problem the answer
+is a dict lookup. It never tunes. ``FA_AUTOTUNE_DISABLE_TUNED=1`` forces the defaults.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import KernelConfig
+from .defaults import default_config
+from .errors import FaAutotuneError
+from .problem import Problem, distance
+from .target import GpuInfo, detect_gpu, interpreter_gpu
+
+SOURCES = ("database", "exported", "shipped", "default")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A config and where it came from."""
+
+    config: KernelConfig
+    source: str
+    matched: Problem | None  # the tuned problem whose config this is (None for the default)
+    distance: float
+    origin: str  # database URL, file path, or "built-in"
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Tuned (problem -> config) pairs of one source for one GPU."""
+
+    source: str
+    origin: str
+    entries: tuple[tuple[Problem, KernelConfig], ...]
+
+    def lookup(self, problem: Problem) -> Choice | None:
+        best: tuple[float, str, Problem, KernelConfig] | None = None
+        for tuned, config in self.entries:
+            d = 0.0 if tuned == problem else distance(problem, tuned)
+            if math.isfinite(d) and (best is None or (d, tuned.key) < (best[0], best[1])):
+                best = (d, tuned.key, tuned, config)
+        if best is None:
+            return None
+        return Choice(best[3], self.source, best[2], best[0], self.origin)
+
+
+class Dispatcher:
+    """Thread-safe; one per process (``DISPATCHER``)."""
+
+    def __init__(self) -> None:
+        self._choices: dict[tuple[Problem, str, int], Choice] = {}
+        self._tables: dict[tuple[str, int], list[_Table]] = {}
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+
+    def choose(self, problem: Problem, device_type: str, device_index: int) -> Choice:
+        key = (problem, device_type, device_index)
+        choice = self._choices.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._choices.get(key)
+                if choice is None:
+                    choice = self._resolve(problem, device_type, device_index)
+                    self._choices[key] = choice
+        return choice
+
+    def reset(self) -> None:
+        """Forget everything read so far (after a tune or an import in this process)."""
+        with self._lock:
+            self._choices.clear()
+            self._tables.clear()
+            self._warned.clear()
+
+    def _resolve(self, problem: Problem, device_type: str, device_index: int) -> Choice:
+        gpu = detect_gpu(device_index) if device_type == "cuda" else interpreter_gpu()  # CPU: interpreter
+        if os.environ.get("FA_AUTOTUNE_DISABLE_TUNED", "") not in ("", "0"):
+            return _default(problem, gpu)
+        tables = self._tables_for(gpu, device_type, device_index)
+        for table in tables:
+            exact = [(p, c) for p, c in table.entries if p == problem]
+            if exact:
+                return Choice(exact[0][1], table.source, problem, 0.0, table.origin)
+            nearest = table.lookup(problem)
+            if nearest is not None:
+                return nearest
+        if not tables and not gpu.is_interpreter and gpu.name not in self._warned:
+            self._warned.add(gpu.name)
+            warnings.warn(f"fa_autotune: no tuned configs for {gpu.name} (sm_{gpu.capability}); using built-in "
+                          "defaults. Run `fa-autotune tune` on this GPU to tune it.", RuntimeWarning, stacklevel=4)
+        return _default(problem, gpu)
+
+    def _tables_for(self, gpu: GpuInfo, device_type: str, device_index: int) -> list[_Table]:
+        key = (device_type, device_index)
+        if key not in self._tables:
+            tables = [t for t in (_database_table(gpu, self._warn_once),) if t is not None]
+            for directory in _config_dirs():
+                tables += _file_tables(directory, gpu, "exported", self._warn_once)
+            tables += _file_tables(_shipped_dir(), gpu, "shipped", self._warn_once)
+            self._tables[key] = [t for t in tables if t.entries]
+        return self._tables[key]
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(f"fa_autotune: {message}", RuntimeWarning, stacklevel=6)
+
+
+def _default(problem: Problem, gpu: GpuInfo) -> Choice:
+    return Choice(default_config(problem, gpu.capability_tuple, max(gpu.sm_count, 1)), "default", None, math.inf,
+                  "built-in")
+
+
+def _config_dirs() -> list[Path]:
+    raw = os.environ.get("FA_AUTOTUNE_CONFIG_DIR", "")
+    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
+
+
+def _shipped_dir() -> Path:
+    from .resources import data_dir
+
+    return data_dir("tuning_db")
+
+
+def _same_gpu(a: GpuInfo, b: GpuInfo) -> bool:
+    return a.slug == b.slug and a.capability == b.capability
+
+
+def _file_tables(directory: Path, gpu: GpuInfo, source: str, warn) -> list[_Table]:
+    from . import export
+
+    path = directory / export.file_name(gpu)
+    if not path.is_file():
+        return []
+    try:
+        loaded = export.load(path)
+    except FaAutotuneError as exc:  # a bad file must not break attention(): skip it, loudly
+        warn(f"ignoring {exc}")
+        return []
+    if not _same_gpu(loaded.gpu, gpu):
+        warn(f"ignoring {path}: it was tuned on {loaded.gpu.name} (sm_{loaded.gpu.capability})")
+        return []
+    entries = tuple((e.problem, e.config) for e in loaded.entries.values())
+    return [_Table(source, str(path), entries)]
+
+
+def _database_table(gpu: GpuInfo, warn) -> _Table | None:
+    """Winners on this GPU from the local database; prefers rows of this Triton version."""
+    from .store.db import default_url
+
+    url = default_url()
+    if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
+        return None  # never create a database just to look into it
+    try:
+        import triton
+        from sqlalchemy import select
+
+        from .store import connect
+        from .store.models import BestModel, ConfigModel, GpuModel, ProblemModel, SoftwareModel
+        from .store.queries import problem_of
+
+        db = connect(url)
+        stmt = (select(ProblemModel, ConfigModel, SoftwareModel.triton)
+                .join(BestModel, BestModel.problem_id == ProblemModel.id)
+                .join(ConfigModel, BestModel.config_id == ConfigModel.id)
+                .join(GpuModel, BestModel.gpu_id == GpuModel.id)
+                .join(SoftwareModel, BestModel.software_id == SoftwareModel.id)
+                .where(GpuModel.name == gpu.name, GpuModel.capability == gpu.capability)
+                .order_by(BestModel.decided_at))
+        with db.session() as s:
+            rows = s.execute(stmt).all()
+        db.dispose()
+    except Exception as exc:  # an unreachable database must not break attention()
+        warn(f"cannot read tuned configs from {url}: {exc}")
+        return None
+    chosen: dict[str, tuple[Problem, KernelConfig]] = {}
+    for same_triton in (False, True):  # rows of this Triton version win over others
+        for prob, cfg, triton_version in rows:
+            config = KernelConfig.from_stored(cfg.json)
+            if config is not None and (triton_version == triton.__version__) == same_triton:
+                chosen[prob.key] = (problem_of(prob), config)
+    return _Table("database", url, tuple(chosen.values()))
+
+
+DISPATCHER = Dispatcher()
