@@ -9,8 +9,12 @@ from .store import queries
 
 
 def write_report(db: Database, out_dir: str | Path, filters: queries.Filters = queries.Filters()) -> list[Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from .errors import FaAutotuneError
 
+        raise FaAutotuneError("fa-autotune report needs matplotlib: pip install 'fa-autotune[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

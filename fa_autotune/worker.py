@@ -78,8 +78,9 @@ def _serve(conn, interpret: bool) -> None:
 class DeviceWorker:
     """One child process that runs jobs in order; restarted after a timeout or crash."""
 
-    def __init__(self, interpret: bool) -> None:
+    def __init__(self, interpret: bool, server=None) -> None:
         self.interpret = interpret
+        self._server = server or _serve  # tests substitute a misbehaving one
         self._context = multiprocessing.get_context("spawn")
         self._process = None
         self._conn = None
@@ -87,7 +88,7 @@ class DeviceWorker:
 
     def _start(self) -> None:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child, self.interpret), daemon=True)
+        self._process = self._context.Process(target=self._server, args=(child, self.interpret), daemon=True)
         self._process.start()
         child.close()
         self._conn = parent

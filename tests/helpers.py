@@ -26,3 +26,19 @@ def assert_close_to_reference(out, q, k, v, causal=False, scale=None, causal_ali
         finite = torch.isfinite(ref_lse)
         assert torch.equal(finite, torch.isfinite(lse)), "LSE -inf rows differ"
         assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+
+
+def hanging_server(conn, interpret):
+    """A device worker that never answers (a hung kernel)."""
+    import time
+
+    conn.recv()
+    time.sleep(3600)
+
+
+def crashing_server(conn, interpret):
+    """A device worker that dies mid-job (a fault that kills the process)."""
+    import os
+
+    conn.recv()
+    os._exit(3)

@@ -105,6 +105,17 @@ def test_bad_space_and_bad_db_are_one_line_errors(env, tmp_path, db_url):
     assert result.returncode == 2 and "unknown preset 'nope'" in result.stderr
 
 
+def test_time_budget_and_report(env, db_url, tmp_path):
+    start = time.monotonic()
+    cli("tune", *TINY, "--trials", "50", "--time-budget", "3", "--jobs", "2", "--db", db_url, "--quiet", env=env)
+    assert time.monotonic() - start < 120
+    assert 1 <= len({r[0] for r in measurements(db_url) if r[2] == "search"}) < 50
+    out = cli("report", "--db", db_url, "--out", str(tmp_path / "plots"), env=env)
+    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert pngs == ["search_convergence.png", "tflops_per_problem.png"] and "png" in out.stdout
+    assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
 def test_render_and_compile_commands(env, tmp_path):
     out = cli("render", "--config", '{"loop_order": "split_kv", "num_splits": 4}', "--out", str(tmp_path), env=env)
     path = out.stdout.strip()
