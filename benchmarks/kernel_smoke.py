@@ -18,8 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa_autotune.bench import (  # noqa: E402
-    check_config_correct, environment, random_inputs, sdpa_callable, tflops, time_callable, time_config,
+    check_config_correct, environment, peak_extra_bytes, random_inputs, tflops, time_callable, time_config,
 )
+from fa_autotune.benchmark import sdpa_call  # noqa: E402
 from fa_autotune.config import KernelConfig  # noqa: E402
 from fa_autotune.defaults import default_config  # noqa: E402
 from fa_autotune.problem import Problem  # noqa: E402
@@ -55,9 +56,10 @@ def timing_rows():
             q, k, v = random_inputs(problem, "cuda")
             ref, _ = reference_attention(q, k, v, causal=causal)
             for backend in ("cudnn", "flash"):
-                fn = sdpa_callable(q, k, v, causal, backend)
-                row[f"{backend}_rel_err"] = compare(fn(), ref).rel
-                row[f"{backend}_ms"] = time_callable(fn).median_ms
+                fn, context = sdpa_call(backend, problem, q, k, v)
+                with context():
+                    row[f"{backend}_rel_err"] = compare(fn(), ref).rel
+                    row[f"{backend}_ms"] = time_callable(fn).median_ms
             for name in ("default", "cudnn", "flash"):
                 row[f"{name}_tflops"] = tflops(problem, row[f"{name}_ms"])
             row["default_vs_cudnn"] = row["cudnn_ms"] / row["default_ms"]
@@ -70,12 +72,7 @@ def memory_rows():
     for n in (16384, 65536):
         q, k, v = random_inputs(Problem(1, 8, 8, n, n, 128, "float16", True), "cuda")
         attention(q, k, v, causal=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        out = attention(q, k, v, causal=True)
-        torch.cuda.synchronize()
-        extra = torch.cuda.max_memory_allocated() - before
+        out, extra = peak_extra_bytes(lambda: attention(q, k, v, causal=True))
         rows.append({"seqlen": n, "batch": 1, "heads": 8, "head_dim": 128, "extra_bytes": extra,
                      "output_bytes": out.numel() * out.element_size(),
                      "score_matrix_bytes_if_materialised": 8 * n * n * 4})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .config import KernelConfig
@@ -25,11 +25,6 @@ class Timing:
     median_ms: float
     p20_ms: float
     p80_ms: float
-
-    @property
-    def spread(self) -> float:
-        """Relative width of the 20-80 band: the run's own noise level."""
-        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms else 0.0
 
 
 def random_inputs(problem: Problem, device: str, seed: int | None = None):
@@ -92,28 +87,20 @@ def time_config(config: KernelConfig, problem: Problem, device: str = "cuda", re
     return time_callable(lambda: run(config, problem, q, k, v, scale, out, None), rep_ms=rep_ms, device=device)
 
 
+def peak_extra_bytes(fn: Callable[[], object]):
+    """(result, peak GPU memory ``fn`` allocated beyond what was live before it)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, torch.cuda.max_memory_allocated() - before
+
+
 def tflops(problem: Problem, ms: float) -> float:
     return problem.flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
-
-
-def sdpa_callable(q, k, v, causal: bool, backend: str) -> Callable[[], object]:
-    """SDPA restricted to one backend: "flash", "cudnn", "efficient" or "math"."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[backend]
-    gqa = q.shape[1] != k.shape[1]
-
-    def call():
-        with sdpa_kernel([chosen]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-    return call
 
 
 def environment() -> dict:
@@ -150,7 +137,3 @@ def _driver_version() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
-def timing_dict(t: Timing) -> dict:
-    return asdict(t)

@@ -259,6 +259,34 @@ def _tristate(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+@command("bench")
+def _bench(args: argparse.Namespace) -> int:
+    """Time every attention provider side by side on the GPU (each output checked first)."""
+    import torch
+
+    from .benchmark import PROVIDERS, Bench, markdown, matmul_ceiling, write
+    from .space import load_space
+
+    if not torch.cuda.is_available():
+        raise FaAutotuneError("bench compares GPU kernels and needs a CUDA GPU (the interpreter's timings mean nothing)")
+    space = load_space(args.space)
+    if args.seqlen is not None:
+        problems, name = [problem_from_args(args)], "one problem"
+    else:
+        if args.preset not in space.presets:
+            raise FaAutotuneError(f"unknown preset {args.preset!r}; available: {', '.join(sorted(space.presets))}")
+        problems, name = list(space.presets[args.preset].problems), args.preset
+    providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
+    bench = Bench(providers, args.db, rep_ms=args.rep_ms)
+    rows = []
+    for i, problem in enumerate(problems):
+        print(f"[{i + 1}/{len(problems)}] {problem.key}", file=sys.stderr, flush=True)
+        rows.append(bench.run_problem(problem))
+    summary = write(rows, providers, matmul_ceiling(), Path(args.out), name)
+    print(markdown(summary, providers))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -310,6 +338,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b", default=None, help="compare: the other side")
     p.add_argument("--preset", default=None, help="coverage: the problem set")
     p.add_argument("--space", default="fwd", help="coverage: search space holding the preset")
+
+    p = sub.add_parser("bench", help=_bench.__doc__, description=_bench.__doc__)
+    p.add_argument("--preset", default="llm-prefill")
+    add_problem_flags(p)
+    p.set_defaults(seqlen=None)
+    p.add_argument("--space", default="fwd", help="search space holding the preset")
+    p.add_argument("--providers", default=None, help="comma-separated subset of: tuned, default, tutorial, cudnn, "
+                                                     "flash, efficient, flex")
+    p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
+                                               "or the user cache dir)")
+    p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
+    p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
 
     p = sub.add_parser("export", help=_export.__doc__, description=_export.__doc__)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")

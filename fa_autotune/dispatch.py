@@ -22,9 +22,6 @@ from .errors import FaAutotuneError
 from .problem import Problem, distance
 from .target import GpuInfo, detect_gpu, interpreter_gpu
 
-SOURCES = ("database", "exported", "shipped", "default")
-
-
 @dataclass(frozen=True)
 class Choice:
     """A config and where it came from."""

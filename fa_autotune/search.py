@@ -35,6 +35,7 @@ SAMPLERS = ("tpe", "grid", "random")
 FAILED_VALUE = 1e9  # what a failed trial reports to Optuna before being pruned
 NOISE_FLOOR = 0.01  # configs within 1% (or the measured spread, if larger) are tied
 REPEAT_ALLOWANCE = 4  # at most this many trials per distinct config wanted
+RETIME_ROUNDS = 3  # interleaved re-timing rounds per winner candidate
 
 
 @dataclass(frozen=True)
@@ -330,25 +331,39 @@ class Tuner:
 
     # ------------------------------------------------------------------ winner
     def _pick_winner(self, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
-        """Re-time the top few with more repetitions; configs within noise of the fastest
-        are tied and the tie goes to the first in canonical-JSON order (deterministic)."""
-        candidates = ok_measurements(self.db, ids)[: self.options.retime_top]
+        """Re-time the top few (and the built-in default, which a winner must beat) in
+        interleaved rounds, so that clock drift hits every candidate alike; configs within
+        noise of the fastest are tied and the tie goes to the first in canonical-JSON order."""
+        measured = ok_measurements(self.db, ids)
+        candidates = [config for config, _ in measured[: self.options.retime_top]]
+        default = default_config(problem, self.gpu.capability_tuple, max(self.gpu.sm_count, 1))
+        if default not in candidates and any(config == default for config, _ in measured):
+            candidates.append(default)
         if not candidates:
             return
-        timed: list[tuple[KernelConfig, dict]] = []
-        for config, _ in candidates:
-            started = _utcnow()
-            result = worker.run(Job(config, problem, rep_ms=self.options.retime_rep_ms), self.options.trial_timeout)
-            status = result.pop("status")
-            fields = _measurement_fields(result, problem)
-            record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), phase="retime",
-                   study_name=outcome.study_name, **fields)
-            if status == "ok":
+        rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
+        rep = self.options.retime_rep_ms / RETIME_ROUNDS
+        for round_index in range(RETIME_ROUNDS):
+            for config in candidates:
+                if round_index and not rounds[config]:
+                    continue  # failed its first round: out
+                result = worker.run(Job(config, problem, rep_ms=rep, check=round_index == 0),
+                                    self.options.trial_timeout)
+                if result["status"] == "ok":
+                    rounds[config].append(result)
+                elif round_index == 0:
+                    record(self.db, ids, config, result.pop("status"), phase="retime", study_name=outcome.study_name,
+                           **_measurement_fields(result, problem))
+        timed = []
+        for config, results in rounds.items():
+            if len(results) == RETIME_ROUNDS:
+                fields = _combine_rounds(results, problem)
+                record(self.db, ids, config, "ok", phase="retime", study_name=outcome.study_name, **fields)
                 timed.append((config, fields))
         if not timed:
             return
         fastest = min(fields["median_ms"] for _, fields in timed)
-        spread = max((f["p80_ms"] - f["p20_ms"]) / f["median_ms"] for _, f in timed if f["median_ms"])
+        spread = max((f["p80_ms"] - f["p20_ms"]) / f["median_ms"] for _, f in timed)
         tolerance = max(NOISE_FLOOR, spread)
         tied = sorted((item for item in timed if item[1]["median_ms"] <= fastest * (1 + tolerance)),
                       key=lambda item: item[0].canonical_json())
@@ -357,6 +372,18 @@ class Tuner:
                  outcome.study_name)
         outcome.best, outcome.best_ms, outcome.best_tflops = winner, fields["median_ms"], fields["tflops"]
         outcome.ties = len(tied)
+
+
+def _combine_rounds(results: list[dict], problem: Problem) -> dict:
+    """One row for a re-timed config: the median of its round medians, the extreme rounds
+    as its spread, the correctness figures of its checked first round."""
+    import statistics
+
+    medians = sorted(r["median_ms"] for r in results)
+    median = statistics.median(medians)
+    return {"median_ms": median, "p20_ms": medians[0], "p80_ms": medians[-1], "tflops": tflops(problem, median),
+            "max_abs_error": results[0].get("max_abs_error"), "rel_error": results[0].get("rel_error"),
+            "message": f"{len(results)} interleaved rounds"}
 
 
 def _measurement_fields(result: dict, problem: Problem) -> dict:

@@ -157,9 +157,6 @@ class SearchSpace:
         return SearchSpace(self.name, self.path, params, self.constraints + override.constraints,
                            self.presets, self.arch, arch)
 
-    def choices(self) -> dict[str, tuple]:
-        return {p.name: p.choices for p in self.parameters}
-
     def violated(self, params: Mapping[str, Any], problem: Problem) -> Expression | None:
         """The first constraint ``params`` break on ``problem``, or None."""
         env = dict(_problem_env(problem), **params)
@@ -214,10 +211,6 @@ class SearchSpace:
             params[parameter.name] = value
             yield from self._walk(problem, index + 1, params)
         params.pop(parameter.name, None)
-
-    def contains(self, config: KernelConfig, problem: Problem) -> bool:
-        """Whether the search could propose ``config`` for ``problem`` (warm starts)."""
-        return config in set(self.grid(problem))
 
     @property
     def hash(self) -> str:

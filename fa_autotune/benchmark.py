@@ -1,0 +1,263 @@
+"""``fa-autotune bench``: every attention provider, side by side, on the same inputs.
+
+Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
+(our template tuned only over the Triton fused-attention tutorial's config list,
+search_spaces/tutorial.yaml), SDPA's ``flash``, ``cudnn`` and ``efficient`` backends, and
+``flex`` (FlexAttention under torch.compile). Each provider's output is checked against a
+float32 reference before it is timed; a wrong or unavailable provider is reported, not
+timed. Ratios are against cuDNN; geomeans per dtype; the matmul ceiling is measured in
+the same run.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .bench import environment, random_inputs, tflops, time_callable
+from .config import KernelConfig
+from .problem import Problem
+from .reference import TOLERANCE, compare, reference_attention
+
+PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex")
+BASELINE = "cudnn"
+
+
+@dataclass
+class Cell:
+    provider: str
+    status: str  # ok, wrong_result, unavailable
+    ms: float | None = None
+    tflops: float | None = None
+    rel_error: float | None = None
+    detail: str = ""
+
+
+@dataclass
+class Row:
+    problem: str
+    dtype: str
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    def ratio(self, provider: str) -> float | None:
+        a, b = self.cells.get(provider), self.cells.get(BASELINE)
+        if a and b and a.ms and b.ms:
+            return b.ms / a.ms
+        return None
+
+
+class Unavailable(Exception):
+    """A provider that cannot run this problem here (missing backend, unsupported shape)."""
+
+
+def _prepared(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
+    from .codegen import load_module
+    from .launch import check_config
+
+    check_config(config, problem, q, k, v)
+    out = torch.empty_like(q)
+    run = load_module(config).prepare(q, k, v, out, None, problem.head_dim ** -0.5, problem.causal_offset,
+                                      problem.causal)
+
+    def call():
+        o = torch.empty_like(q)
+        run(q, k, v, o, None)
+        return o
+
+    return call
+
+
+def sdpa_call(backend: str, problem: Problem, q, k, v):
+    """SDPA restricted to one backend: (call, context factory that selects the backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    gqa = problem.heads_q != problem.heads_kv
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=gqa)
+
+    return call, (lambda: sdpa_kernel([chosen]))
+
+
+def _flex(problem: Problem, q, k, v):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    mask = None
+    if problem.causal:
+        offset = problem.causal_offset
+        mask = create_block_mask(lambda b, h, qi, kv: kv <= qi + offset, None, None, problem.seqlen_q,
+                                 problem.seqlen_k, device=q.device)
+    gqa = problem.heads_q != problem.heads_kv
+    return lambda: compiled(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
+class Bench:
+    def __init__(self, providers: tuple[str, ...], db_url: str | None, tutorial_trials: int | None = None,
+                 rep_ms: float = 200.0) -> None:
+        unknown = set(providers) - set(PROVIDERS)
+        if unknown:
+            from .errors import FaAutotuneError
+
+            raise FaAutotuneError(f"unknown provider(s) {sorted(unknown)}; choose from {', '.join(PROVIDERS)}")
+        self.providers, self.db_url, self.rep_ms = providers, db_url, rep_ms
+        self.tutorial_trials = tutorial_trials
+
+    def callable_for(self, provider: str, problem: Problem, q, k, v):
+        """(fn, context factory or None, detail)."""
+        import fa_autotune
+
+        if provider == "tuned":
+            info = fa_autotune.explain(q, k, v, problem.causal)
+            return (lambda: fa_autotune.attention(q, k, v, problem.causal)), None, f"{info['kernel']} ({info['source']})"
+        if provider == "default":
+            from .defaults import default_config
+
+            props = torch.cuda.get_device_properties(q.device)
+            cfg = default_config(problem, (props.major, props.minor), props.multi_processor_count)
+            return _prepared(cfg, problem, q, k, v), None, cfg.name
+        if provider == "tutorial":
+            cfg = self._tutorial_config(problem)
+            return _prepared(cfg, problem, q, k, v), None, cfg.name
+        if provider == "flex":
+            return _flex(problem, q, k, v), None, "torch.compile(flex_attention)"
+        fn, context = sdpa_call(provider, problem, q, k, v)
+        return fn, context, f"SDPA {provider}"
+
+    def _tutorial_config(self, problem: Problem) -> KernelConfig:
+        """Best of the tutorial's config list for this problem, tuned exhaustively (answered
+        from the database when it was tuned before)."""
+        from .search import TuneOptions, Tuner
+        from .space import load_space
+        from .store import connect
+        from .target import detect_gpu, detect_software
+
+        options = TuneOptions(sampler="grid", trials=self.tutorial_trials, study="tutorial", retime_top=3,
+                              warm_start=False)
+        (outcome,) = Tuner(connect(self.db_url), load_space("tutorial"), detect_gpu(), detect_software(),
+                           options).tune([problem])
+        if outcome.best is None:
+            raise Unavailable("no tutorial config passed on this problem")
+        return outcome.best
+
+    def run_problem(self, problem: Problem) -> Row:
+        q, k, v = random_inputs(problem, "cuda")
+        ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        row = Row(problem.key, problem.dtype)
+        for provider in self.providers:
+            try:
+                fn, context, detail = self.callable_for(provider, problem, q, k, v)
+                with (context() if context else contextlib.nullcontext()):
+                    report = compare(fn(), ref)
+                    if not report.passes(problem.dtype):
+                        row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
+                        continue
+                    timing = time_callable(fn, rep_ms=self.rep_ms)
+                row.cells[provider] = Cell(provider, "ok", timing.median_ms, tflops(problem, timing.median_ms),
+                                           report.rel, detail)
+            except Exception as exc:  # a provider that cannot run is a result, not a crash
+                row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
+            torch.cuda.synchronize()
+        return row
+
+
+def matmul_ceiling(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
+    """TFLOPS of one n^3 matmul on random data: the ceiling every ratio is read against."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_callable(lambda: a @ b, rep_ms=300).median_ms
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def geomeans(rows: list[Row], providers: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+    """Per dtype and provider: geomean TFLOPS and geomean ratio against cuDNN."""
+    out: dict[str, dict[str, float | None]] = {}
+    for dtype in sorted({r.dtype for r in rows}):
+        subset = [r for r in rows if r.dtype == dtype]
+        for p in providers:
+            values = [r.cells[p].tflops for r in subset if p in r.cells and r.cells[p].tflops]
+            ratios = [r.ratio(p) for r in subset if r.ratio(p)]
+            out.setdefault(dtype, {})[f"{p}_tflops"] = _geo(values) if len(values) == len(subset) else None
+            out[dtype][f"{p}_vs_cudnn"] = _geo(ratios) if len(ratios) == len(subset) else None
+            out[dtype][f"{p}_min_vs_cudnn"] = min(ratios) if len(ratios) == len(subset) else None
+    return out
+
+
+def _geo(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: Path, preset: str) -> dict:
+    env = environment()
+    summary = {"environment": env, "preset": preset, "bf16_matmul_tflops": ceiling, "baseline": BASELINE,
+               "geomeans": geomeans(rows, providers),
+               "rows": [{"problem": r.problem, "dtype": r.dtype, "cells": {k: asdict(c) for k, c in r.cells.items()}}
+                        for r in rows]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "bench.md").write_text(markdown(summary, providers))
+    _plot(rows, providers, out_dir / "bench.png")
+    return summary
+
+
+def markdown(summary: dict, providers: tuple[str, ...]) -> str:
+    env = summary["environment"]
+    lines = [f"# fa-autotune bench: {summary['preset']} on {env.get('gpu')} ({env['date']})", "",
+             f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
+             f"fa_autotune {env['fa_autotune']} (templates {env['template_hash']}). bf16 matmul ceiling measured "
+             f"in this run: {summary['bf16_matmul_tflops']:.0f} TFLOPS.", "",
+             "TFLOPS (ratio to cuDNN); every output checked against a float32 reference before timing.", "",
+             "| problem | " + " | ".join(providers) + " |", "|---" * (len(providers) + 1) + "|"]
+    for r in summary["rows"]:
+        cells = []
+        base = r["cells"].get(BASELINE, {})
+        for p in providers:
+            c = r["cells"].get(p)
+            if not c or c["status"] != "ok":
+                cells.append(c["status"] if c else "-")
+                continue
+            ratio = f" ({base['ms'] / c['ms']:.2f}x)" if base.get("ms") else ""
+            cells.append(f"{c['tflops']:.0f}{ratio}")
+        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+    lines += ["", "Geomeans per dtype (TFLOPS; ratio to cuDNN; worst problem's ratio; % of the bf16 matmul ceiling):", ""]
+    lines += ["| dtype | provider | TFLOPS | vs cuDNN | worst vs cuDNN | % of matmul |", "|---|---|---|---|---|---|"]
+    for dtype, g in summary["geomeans"].items():
+        for p in providers:
+            t, ratio, worst = g.get(f"{p}_tflops"), g.get(f"{p}_vs_cudnn"), g.get(f"{p}_min_vs_cudnn")
+            if t is None or ratio is None:
+                continue
+            lines.append(f"| {dtype} | {p} | {t:.0f} | {ratio:.3f}x | {worst:.3f}x | "
+                         f"{100 * t / summary['bf16_matmul_tflops']:.0f}% |")
+    lines += ["", "Configs used:", ""]
+    for r in summary["rows"]:
+        details = "; ".join(f"{p}: {c['detail']}" for p, c in r["cells"].items() if p in ("tuned", "default", "tutorial"))
+        lines.append(f"- {r['problem']}: {details}")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(rows)), 5))
+    width = 0.8 / len(providers)
+    for i, p in enumerate(providers):
+        values = [r.cells[p].tflops if p in r.cells and r.cells[p].tflops else 0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], values, width, label=p)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r.problem for r in rows], rotation=75, fontsize=6)
+    ax.set_ylabel("TFLOPS")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
