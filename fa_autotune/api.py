@@ -17,9 +17,11 @@ import torch
 
 from .codegen import load_module
 from .config import KernelConfig
+from .errors import ConfigError
 from .dispatch import DISPATCHER, Choice
 from .launch import allocate_outputs, check_config, resolve_scale, run, tma_compatible
 from .problem import Problem, problem_from_tensors
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -85,11 +87,31 @@ def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
 
 
 def _dispatched(problem: Problem, q, k, v) -> Choice:
+    """The dispatcher's choice, adapted to these tensors: a borrowed config may not suit
+    them (TMA needs aligned rows; warp specialization no masking), so it degrades to the
+    same tiles without those features, and to the built-in default as a last resort."""
     choice = DISPATCHER.choose(problem, q.device.type, q.device.index or 0)
-    if choice.config.access == "tensor_desc" and not tma_compatible(q, k, v):
-        return Choice(choice.config.with_(access="block_ptr", warp_specialize=False), choice.source, choice.matched,
-                      choice.distance, choice.origin)
-    return choice
+    config = choice.config
+    if config.access == "tensor_desc" and not tma_compatible(q, k, v):
+        config = config.with_(access="block_ptr", warp_specialize=False)
+    for candidate in (config, config.with_(warp_specialize=False)):
+        try:
+            check_config(candidate, problem, q, k, v)
+        except ConfigError:
+            continue
+        return Choice(candidate, choice.source, choice.matched, choice.distance, choice.origin)
+    fallback = _default_choice(problem, q)
+    return Choice(fallback, "default", None, float("inf"), "built-in")
+
+
+def _default_choice(problem: Problem, q) -> KernelConfig:
+    from .defaults import default_config
+
+    if q.device.type != "cuda":
+        return default_config(problem, None, 1)
+    props = torch.cuda.get_device_properties(q.device)
+    config = default_config(problem, (props.major, props.minor), props.multi_processor_count)
+    return config.with_(access="block_ptr") if config.access == "tensor_desc" else config
 
 
 def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
@@ -99,13 +121,12 @@ def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
     problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
     sm_scale = resolve_scale(scale, problem.head_dim)
     config = _dispatched(problem, q, k, v).config
-    check_config(config, problem, q, k, v)
     prepared = None
-    if not problem.is_empty and problem.seqlen_k > 0 and not (q.device.type == "cpu" and not interpreter_active()):
+    if not problem.is_empty and problem.seqlen_k > 0:  # otherwise _run_once handles it without a kernel
+        if q.device.type == "cpu" and not interpreter_active():
+            raise InputError("CPU tensors run in Triton's interpreter: set TRITON_INTERPRET=1 before starting Python")
         out, lse = allocate_outputs(q, problem, return_lse)
         prepared = load_module(config).prepare(q, k, v, out, lse, sm_scale, problem.causal_offset, problem.causal)
-    elif q.device.type == "cpu" and not interpreter_active() and not problem.is_empty and problem.seqlen_k > 0:
-        raise InputError("CPU tensors run in Triton's interpreter: set TRITON_INTERPRET=1 before starting Python")
     plan = _Plan(problem, config, prepared, config.access == "tensor_desc")
     with _PLANS_LOCK:
         if len(_PLANS) >= _MAX_PLANS:

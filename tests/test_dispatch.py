@@ -255,3 +255,13 @@ def test_results_api_returns_dataclasses(tmp_path):
             results.to_dataframe(results.best(db))
     else:
         assert list(results.to_dataframe(results.best(db))["median_ms"]) == [1.0]
+
+
+def test_borrowed_config_that_cannot_run_degrades(isolated):
+    """A warp-specialized winner of N=64 borrowed for a ragged, causal N=63 problem."""
+    ws = KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_M=16, BLOCK_N=16)
+    write_file(isolated, [(Problem(1, 2, 2, 64, 64, 16, "float16", causal=True), ws)])
+    q, k, v = make_qkv(1, 2, 2, 63, 63, 16)
+    info = fa_autotune.explain(q, k, v, causal=True)
+    assert info["source"] == "shipped" and info["config"] == ws.with_(warp_specialize=False).to_dict()
+    assert_close_to_reference(fa_autotune.attention(q, k, v, causal=True), q, k, v, causal=True)
