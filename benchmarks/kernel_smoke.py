@@ -22,7 +22,8 @@ from fa_autotune.bench import (  # noqa: E402
 )
 from fa_autotune.benchmark import sdpa_call  # noqa: E402
 from fa_autotune.config import KernelConfig  # noqa: E402
-from fa_autotune.defaults import default_config  # noqa: E402
+from fa_autotune.defaults import default_for  # noqa: E402
+from fa_autotune.target import detect_gpu  # noqa: E402
 from fa_autotune.problem import Problem  # noqa: E402
 from fa_autotune.reference import compare, reference_attention  # noqa: E402
 from fa_autotune import attention  # noqa: E402
@@ -37,18 +38,12 @@ SWEEP = [
 ]
 
 
-def capability():
-    props = torch.cuda.get_device_properties(0)
-    return (props.major, props.minor), props.multi_processor_count
-
-
 def timing_rows():
     rows = []
-    cap, sms = capability()
     for dtype in ("float16", "bfloat16"):
         for causal in (False, True):
             problem = Problem(4, 16, 16, 4096, 4096, 128, dtype, causal)
-            cfg = default_config(problem, cap, sms)
+            cfg = default_for(problem, detect_gpu())
             err = check_config_correct(cfg, problem, "cuda")
             row = {"problem": problem.key, "dtype": dtype, "causal": causal, "default_config": cfg.name,
                    "default_rel_err": err.rel, "default_ok": err.passes(dtype)}

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa_autotune.config import KernelConfig  # noqa: E402
-from fa_autotune.defaults import default_config  # noqa: E402
+from fa_autotune.defaults import default_for  # noqa: E402
 from fa_autotune.search import FAILED_VALUE, make_sampler  # noqa: E402
 from fa_autotune.space import load_space  # noqa: E402
 from fa_autotune.store import connect  # noqa: E402
@@ -96,14 +96,15 @@ def main() -> None:
     for key, values in sorted(grid_results(db, args.study).items()):
         problem = problems[key]
         gpu_name = trials(db, Filters(problem=key), limit=1)[0].gpu
-        arch_space = space.for_arch(_arch_of(db, key))
+        gpu = _gpu_of(db, key)
+        arch_space = space.for_arch(gpu.arch)
         grid = arch_space.grid(problem)
         measured_ok = {k: v for k, v in values.items() if v != float("inf")}
         best_key = min(measured_ok, key=measured_ok.get)
         best_cfg = next(c for c in grid if c.key == best_key)
         entry = {"problem": key, "gpu": gpu_name, "grid_valid_configs": len(grid), "measured": len(values),
                  "passed": len(measured_ok), "grid_best_ms": measured_ok[best_key], "grid_best_config": best_cfg.name}
-        default = default_config(problem, (9, 0), 132)
+        default = default_for(problem, gpu)
         for label, sampler, warm in (("tpe", "tpe", None), ("tpe_default_start", "tpe", default),
                                      ("random", "random", None)):
             needed = [replay(arch_space, problem, values, sampler, seed, len(grid), warm) for seed in range(args.seeds)]
@@ -132,7 +133,7 @@ def main() -> None:
     print(text)
 
 
-def _arch_of(db, problem_key: str) -> str:
+def _gpu_of(db, problem_key: str) -> GpuInfo:
     from sqlalchemy import select
 
     from fa_autotune.store.models import GpuModel, MeasurementModel, ProblemModel as P
@@ -140,7 +141,7 @@ def _arch_of(db, problem_key: str) -> str:
     with db.session() as s:
         gpu = s.scalar(select(GpuModel).join(MeasurementModel, MeasurementModel.gpu_id == GpuModel.id)
                        .join(P, MeasurementModel.problem_id == P.id).where(P.key == problem_key).limit(1))
-        return GpuInfo(gpu.name, gpu.capability, gpu.sm_count, gpu.memory_mb, gpu.driver).arch
+        return GpuInfo(gpu.name, gpu.capability, gpu.sm_count, gpu.memory_mb, gpu.driver)
 
 
 if __name__ == "__main__":

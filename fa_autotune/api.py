@@ -18,7 +18,8 @@ import torch
 from .codegen import load_module
 from .config import KernelConfig
 from .errors import ConfigError
-from .dispatch import DISPATCHER, Choice
+from .defaults import default_for
+from .dispatch import DISPATCHER, Choice, gpu_of
 from .launch import allocate_outputs, check_config, resolve_scale, run, tma_compatible
 from .problem import Problem, problem_from_tensors
 
@@ -91,7 +92,16 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
     them (TMA needs aligned rows; warp specialization no masking), so it degrades to the
     same tiles without those features, and to the built-in default as a last resort."""
     choice = DISPATCHER.choose(problem, q.device.type, q.device.index or 0)
-    config = choice.config
+    usable = _adapt(choice.config, problem, q, k, v)
+    if usable is not None:
+        return Choice(usable, choice.source, choice.matched, choice.distance, choice.origin)
+    default = default_for(problem, gpu_of(q.device.type, q.device.index or 0))
+    return Choice(_adapt(default, problem, q, k, v) or default, "default", None, float("inf"), "built-in")
+
+
+def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
+    """``config``, or the same tiles without TMA / warp specialization, if these tensors
+    need that; None if neither can run them."""
     if config.access == "tensor_desc" and not tma_compatible(q, k, v):
         config = config.with_(access="block_ptr", warp_specialize=False)
     for candidate in (config, config.with_(warp_specialize=False)):
@@ -99,19 +109,8 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
             check_config(candidate, problem, q, k, v)
         except ConfigError:
             continue
-        return Choice(candidate, choice.source, choice.matched, choice.distance, choice.origin)
-    fallback = _default_choice(problem, q)
-    return Choice(fallback, "default", None, float("inf"), "built-in")
-
-
-def _default_choice(problem: Problem, q) -> KernelConfig:
-    from .defaults import default_config
-
-    if q.device.type != "cuda":
-        return default_config(problem, None, 1)
-    props = torch.cuda.get_device_properties(q.device)
-    config = default_config(problem, (props.major, props.minor), props.multi_processor_count)
-    return config.with_(access="block_ptr") if config.access == "tensor_desc" else config
+        return candidate
+    return None
 
 
 def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:

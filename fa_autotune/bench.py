@@ -122,9 +122,11 @@ def environment() -> dict:
         "template_hash": template_hash(),
     }
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
-                    memory_gb=round(props.total_memory / 2**30, 1), driver=_driver_version())
+        from .target import detect_gpu
+
+        gpu = detect_gpu(0)
+        info.update(gpu=gpu.name, capability=gpu.capability, sm_count=gpu.sm_count, memory_mb=gpu.memory_mb,
+                    driver=gpu.driver)
     return info
 
 

@@ -118,10 +118,10 @@ class Bench:
             info = fa_autotune.explain(q, k, v, problem.causal)
             return (lambda: fa_autotune.attention(q, k, v, problem.causal)), None, f"{info['kernel']} ({info['source']})"
         if provider == "default":
-            from .defaults import default_config
+            from .defaults import default_for
+            from .target import detect_gpu
 
-            props = torch.cuda.get_device_properties(q.device)
-            cfg = default_config(problem, (props.major, props.minor), props.multi_processor_count)
+            cfg = default_for(problem, detect_gpu(q.device.index or 0))
             return _prepared(cfg, problem, q, k, v), None, cfg.name
         if provider == "tutorial":
             cfg = self._tutorial_config(problem)

@@ -5,8 +5,13 @@ the sweep in benchmarks/results/2026-11-29-h200-kernel-smoke.md. The tuner exist
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .config import KernelConfig
 from .problem import Problem
+
+if TYPE_CHECKING:
+    from .target import GpuInfo
 
 # Below this many Q tiles x heads, one program per Q tile leaves most SMs idle and the
 # K/V sequence is split across programs instead (Flash-Decoding).
@@ -31,3 +36,8 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     if d <= 128:
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
     return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
+
+
+def default_for(problem: Problem, gpu: "GpuInfo") -> KernelConfig:
+    """The built-in config for ``problem`` on ``gpu`` (the interpreter included)."""
+    return default_config(problem, gpu.capability_tuple, max(gpu.sm_count, 1))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import KernelConfig
-from .defaults import default_config
+from .defaults import default_for
 from .errors import FaAutotuneError
 from .problem import Problem, distance
 from .target import GpuInfo, detect_gpu, interpreter_gpu
@@ -80,7 +80,7 @@ class Dispatcher:
             self._warned.clear()
 
     def _resolve(self, problem: Problem, device_type: str, device_index: int) -> Choice:
-        gpu = detect_gpu(device_index) if device_type == "cuda" else interpreter_gpu()  # CPU: interpreter
+        gpu = gpu_of(device_type, device_index)
         if os.environ.get("FA_AUTOTUNE_DISABLE_TUNED", "") not in ("", "0"):
             return _default(problem, gpu)
         tables = self._tables_for(gpu, device_type, device_index)
@@ -113,9 +113,13 @@ class Dispatcher:
             warnings.warn(f"fa_autotune: {message}", RuntimeWarning, stacklevel=6)
 
 
+def gpu_of(device_type: str, device_index: int) -> GpuInfo:
+    """What a tensor's device runs on: its GPU, or the interpreter for CPU tensors."""
+    return detect_gpu(device_index) if device_type == "cuda" else interpreter_gpu()
+
+
 def _default(problem: Problem, gpu: GpuInfo) -> Choice:
-    return Choice(default_config(problem, gpu.capability_tuple, max(gpu.sm_count, 1)), "default", None, math.inf,
-                  "built-in")
+    return Choice(default_for(problem, gpu), "default", None, math.inf, "built-in")
 
 
 def _config_dirs() -> list[Path]:

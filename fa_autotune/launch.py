@@ -56,7 +56,7 @@ def _check_tma_layout(name: str, t: "torch.Tensor") -> None:
 
 
 def tma_compatible(*tensors: "torch.Tensor") -> bool:
-    """Whether every tensor meets TMA's layout rules (for picking a default variant)."""
+    """Whether every tensor meets TMA's layout rules (so a dispatched TMA config can run them)."""
     try:
         for t in tensors:
             _check_tma_layout("tensor", t)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .aot import HOPPER, CompileResult, _worker_init, compile_for_tuning
 from .bench import tflops
 from .config import KernelConfig
-from .defaults import default_config
+from .defaults import default_for
 from .errors import ConfigError, FaAutotuneError
 from .problem import Problem, distance
 from .space import SearchSpace
@@ -213,7 +213,7 @@ class Tuner:
         if not self.options.warm_start:
             return
         allowed = set(grid)
-        starts = [default_config(problem, self.gpu.capability_tuple, max(self.gpu.sm_count, 1))]
+        starts = [default_for(problem, self.gpu)]
         neighbours = sorted(((distance(problem, p), c) for p, c in queries.tuned_problems(self.db, ids.gpu)
                              if p != problem), key=lambda item: (item[0], item[1].canonical_json()))
         starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
@@ -336,7 +336,7 @@ class Tuner:
         noise of the fastest are tied and the tie goes to the first in canonical-JSON order."""
         measured = ok_measurements(self.db, ids)
         candidates = [config for config, _ in measured[: self.options.retime_top]]
-        default = default_config(problem, self.gpu.capability_tuple, max(self.gpu.sm_count, 1))
+        default = default_for(problem, self.gpu)
         if default not in candidates and any(config == default for config, _ in measured):
             candidates.append(default)
         if not candidates:
