@@ -13,8 +13,8 @@ from .problem import Problem
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "explain", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError",
-           "__version__"]
+__all__ = ["attention", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
+           "InputError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from . import api
 
         return getattr(api, name)
+    if name == "quantize_fp8":
+        from .quantize import quantize_fp8
+
+        return quantize_fp8
     raise AttributeError(f"module 'fa_autotune' has no attribute {name!r}")

@@ -58,7 +58,8 @@ class CompileResult:
 def _int_args(problem: Problem, config: KernelConfig) -> dict[str, int]:
     """Integer arguments of a launch on contiguous (B, H, N, D) tensors."""
     d, hq, hk, nq, nk = problem.head_dim, problem.heads_q, problem.heads_kv, problem.seqlen_q, problem.seqlen_k
-    values = {"H": hq, "GROUP": problem.gqa_group, "N_Q": nq, "N_K": nk, "causal_offset": problem.causal_offset}
+    values = {"H": hq, "GROUP": problem.gqa_group, "N_Q": nq, "N_K": nk, "causal_offset": problem.causal_offset,
+              "BH": problem.batch * hq}
     for prefix, heads, rows in (("q", hq, nq), ("k", hk, nk), ("v", hk, nk), ("o", hq, nq)):
         values.update({f"stride_{prefix}b": heads * rows * d, f"stride_{prefix}h": rows * d,
                        f"stride_{prefix}n": d, f"stride_{prefix}d": 1})
@@ -124,6 +125,8 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         wanted = {k: v for k, v in _problem_constexprs(problem, config).items() if k in fn.arg_names}
         signature, consts, attrs = _signature(fn, problem, config, wanted)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if config.maxnreg:
+            options["maxnreg"] = config.maxnreg
         try:
             compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=target, options=options)
         except Exception as exc:  # compiler failures are data for the tuner

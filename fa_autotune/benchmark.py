@@ -89,7 +89,10 @@ def sdpa_call(backend: str, problem: Problem, q, k, v):
 def _flex(problem: Problem, q, k, v):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    compiled = torch.compile(flex_attention)
+    # A fresh compile per problem: past Dynamo's recompile limit (8 shapes) torch.compile
+    # silently falls back to eager flex_attention, which materialises the score matrix.
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
     mask = None
     if problem.causal:
         offset = problem.causal_offset
@@ -140,7 +143,7 @@ class Bench:
         from .target import detect_gpu, detect_software
 
         options = TuneOptions(sampler="grid", trials=self.tutorial_trials, study="tutorial", retime_top=3,
-                              warm_start=False)
+                              warm_start=False, record_best=False)
         (outcome,) = Tuner(connect(self.db_url), load_space("tutorial"), detect_gpu(), detect_software(),
                            options).tune([problem])
         if outcome.best is None:

@@ -276,13 +276,20 @@ def _bench(args: argparse.Namespace) -> int:
         if args.preset not in space.presets:
             raise FaAutotuneError(f"unknown preset {args.preset!r}; available: {', '.join(sorted(space.presets))}")
         problems, name = list(space.presets[args.preset].problems), args.preset
+    if args.match:
+        wanted = [w.strip() for w in args.match.split(",") if w.strip()]
+        problems = [p for p in problems if all(w in p.key for w in wanted)]
+        name = f"{name} (problems matching {args.match})"
+        if not problems:
+            raise FaAutotuneError(f"no problem of preset {args.preset!r} matches {args.match!r}")
     providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
     bench = Bench(providers, args.db, rep_ms=args.rep_ms)
-    rows = []
+    ceiling, rows = matmul_ceiling(), []
     for i, problem in enumerate(problems):
         print(f"[{i + 1}/{len(problems)}] {problem.key}", file=sys.stderr, flush=True)
         rows.append(bench.run_problem(problem))
-    summary = write(rows, providers, matmul_ceiling(), Path(args.out), name)
+        # Written after every problem: an interrupted run keeps what it measured.
+        summary = write(rows, providers, ceiling, Path(args.out), name)
     print(markdown(summary, providers))
     return 0
 
@@ -350,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "or the user cache dir)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
+    p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
+                   "comma-separated parts, e.g. d128,causal")
 
     p = sub.add_parser("export", help=_export.__doc__, description=_export.__doc__)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")

@@ -21,6 +21,14 @@ WARPS = (2, 4, 8, 16)
 STAGES = (1, 2, 3, 4, 5, 6, 7)
 MAX_SPLITS = 128
 MAX_Q_TILES = 64
+TILE_ORDERS = ("seq", "head")
+MAX_PERSISTENT = 4
+MAX_RESCALE_THRESHOLD = 16
+# Kernel-structure knobs added after the first release: the canonical JSON (the identity
+# stored in databases and config files) leaves them out while they hold these defaults,
+# so every config tuned before they existed keeps its key.
+STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
+                      "maxnreg": 0}
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,11 @@ class KernelConfig:
     warp_specialize: bool = False
     num_splits: int = 1
     q_tiles: int = 1
+    rescale_threshold: int = 0
+    exp2_poly: bool = False
+    persistent: int = 0
+    tile_order: str = "seq"
+    maxnreg: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -67,8 +80,10 @@ class KernelConfig:
         return asdict(self)
 
     def canonical_json(self) -> str:
-        """Stable text form: sorted keys, no spaces; the identity used for hashing and storage."""
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """Stable text form: sorted keys, no spaces, later knobs left out at their defaults;
+        the identity used for hashing and storage."""
+        data = {k: v for k, v in self.to_dict().items() if STRUCTURE_DEFAULTS.get(k, _KEEP) != v}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def key(self) -> str:
@@ -89,12 +104,25 @@ class KernelConfig:
         ]
         if self.loop_order == "split_kv":
             parts.append(f"x{self.num_splits}")
-        if self.loop_order == "kv_outer":
+        if self.loop_order == "kv_outer" or self.q_tiles > 1:
             parts.append(f"q{self.q_tiles}")
+        if self.rescale_threshold:
+            parts.append(f"lazy{self.rescale_threshold}")
+        if self.exp2_poly:
+            parts.append("poly")
+        if self.persistent:
+            parts.append(f"pers{self.persistent}")
+        if self.tile_order != "seq":
+            parts.append(f"{self.tile_order}major")
+        if self.maxnreg:
+            parts.append(f"r{self.maxnreg}")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
         return replace(self, **changes)
+
+
+_KEEP = object()
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -125,13 +153,35 @@ def _validate(cfg: KernelConfig) -> None:
     _check_int("q_tiles", cfg.q_tiles, lo=1, hi=MAX_Q_TILES)
     if cfg.num_splits != 1 and cfg.loop_order != "split_kv":
         raise ConfigError("num_splits", "only loop_order='split_kv' splits the K/V sequence; use 1")
-    if cfg.q_tiles != 1 and cfg.loop_order != "kv_outer":
-        raise ConfigError("q_tiles", "only loop_order='kv_outer' walks several Q tiles per program; use 1")
+    if cfg.q_tiles > 2 and cfg.loop_order == "q_outer":
+        raise ConfigError("q_tiles", "loop_order='q_outer' interleaves at most 2 Q tiles per program")
+    if cfg.q_tiles != 1 and cfg.loop_order == "split_kv":
+        raise ConfigError("q_tiles", "loop_order='split_kv' owns one Q tile per program; use 1")
+    _validate_structure(cfg)
     if cfg.warp_specialize and cfg.loop_order != "q_outer":
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
         # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
         raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
+    if cfg.warp_specialize and cfg.persistent:
+        # Triton 3.6 cannot warp-specialize a loop nested in the persistent tile loop.
+        raise ConfigError("warp_specialize", "cannot be combined with a persistent grid (persistent=0)")
     if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split" or cfg.num_stages != 2):
         # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
         # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
         raise ConfigError("warp_specialize", "needs access='tensor_desc', causal_mode='split' and num_stages=2")
+
+
+def _validate_structure(cfg: KernelConfig) -> None:
+    """The FlashAttention-3/4 structure knobs; all but maxnreg shape the Q-outer loop."""
+    _check_int("rescale_threshold", cfg.rescale_threshold, lo=0, hi=MAX_RESCALE_THRESHOLD)
+    if not isinstance(cfg.exp2_poly, bool):
+        raise ConfigError("exp2_poly", f"expected true or false, got {cfg.exp2_poly!r}")
+    _check_int("persistent", cfg.persistent, lo=0, hi=MAX_PERSISTENT)
+    _check_choice("tile_order", cfg.tile_order, TILE_ORDERS)
+    _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)
+    if cfg.maxnreg and (cfg.maxnreg < 64 or cfg.maxnreg % 8):
+        raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")
+    if cfg.loop_order != "q_outer":
+        for name in ("rescale_threshold", "exp2_poly", "persistent", "tile_order"):
+            if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
+                raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")

@@ -71,7 +71,7 @@ def export(db, out_dir: str | Path, gpu_filter: str | None = None) -> list[Path]
             files = by_gpu.setdefault((info.slug, info.capability), {"gpu": info, "entries": {}})
             # Later decisions (newer software, re-tunes) replace earlier ones.
             files["entries"][prob.key] = {
-                "problem": problem_of(prob).to_dict(), "config": config.to_dict(),
+                "problem": problem_of(prob).to_dict(), "config": json.loads(config.canonical_json()),
                 "median_ms": best.median_ms, "tflops": best.tflops, "rel_error": best.rel_error,
                 "software": SoftwareInfo(sw.triton, sw.torch, sw.cuda, sw.fa_autotune, sw.template_hash).to_dict(),
             }

@@ -110,10 +110,9 @@ def _dtype_name(t: "torch.Tensor") -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def problem_from_tensors(
-    q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", causal: bool = False, causal_align: str = "top_left"
-) -> Problem:
-    """Check q, k, v the way SDPA would and describe them as a :class:`Problem`."""
+def check_qkv(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", dtypes: tuple[str, ...]) -> None:
+    """The checks SDPA makes on q, k, v: 4-dim tensors of one dtype (from ``dtypes``) on
+    one device, k and v alike, batch and head dim shared."""
     import torch
 
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -121,19 +120,26 @@ def problem_from_tensors(
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise InputError(f"{name} must have 4 dims (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
-        if _dtype_name(t) not in DTYPES:
-            raise InputError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if _dtype_name(t) not in dtypes:
+            raise InputError(f"{name} has dtype {t.dtype}; supported: {', '.join(dtypes)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    _check_device(q.device)
     if k.shape != v.shape:
         raise InputError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[0] != k.shape[0]:
         raise InputError(f"batch differs: q has {q.shape[0]}, k/v have {k.shape[0]}")
     if q.shape[3] != k.shape[3]:
         raise InputError(f"head_dim differs: q has {q.shape[3]}, k/v have {k.shape[3]}")
+
+
+def problem_from_tensors(
+    q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", causal: bool = False, causal_align: str = "top_left"
+) -> Problem:
+    """Check q, k, v the way SDPA would and describe them as a :class:`Problem`."""
+    check_qkv(q, k, v, DTYPES)
+    _check_device(q.device)
     if not isinstance(causal, bool):
         raise InputError(f"causal must be True or False, got {causal!r}")
     return Problem(

@@ -27,7 +27,7 @@ from .problem import Problem, distance
 from .space import SearchSpace
 from .store import Database
 from .store import queries
-from .store.records import Ids, get_best, identities, ok_measurements, record, reusable, set_best
+from .store.records import Ids, identities, record, reusable, set_best
 from .target import GpuInfo, SoftwareInfo
 from .worker import DeviceWorker, Job
 
@@ -51,6 +51,9 @@ class TuneOptions:
     search_rep_ms: float = 50.0
     retime_rep_ms: float = 300.0
     warm_start: bool = True
+    # False for baselines (the tutorial list in `bench`): pick and report a winner from this
+    # study's own configs without making it the dispatcher's choice for the problem.
+    record_best: bool = True
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -184,12 +187,12 @@ class Tuner:
             self._complete(study, problem, ids, pool, worker, current, outcome)
             current = upcoming
         outcome.trials = _distinct(study)
-        known = get_best(self.db, ids) if outcome.new_trials == 0 else None
+        known = _study_winner(study) if outcome.new_trials == 0 else None
         if known is not None:  # nothing new since the winner was picked: keep it
-            config, row = known
-            outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = config, row.median_ms, row.tflops, row.ties
+            outcome.best, outcome.best_ms, outcome.ties = known
+            outcome.best_tflops = tflops(problem, outcome.best_ms)
         else:
-            self._pick_winner(problem, ids, worker, outcome)
+            self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
         self.reporter.problem_finished(outcome)
         return outcome
@@ -213,9 +216,12 @@ class Tuner:
         if not self.options.warm_start:
             return
         allowed = set(grid)
-        starts = [default_for(problem, self.gpu)]
-        neighbours = sorted(((distance(problem, p), c) for p, c in queries.tuned_problems(self.db, ids.gpu)
-                             if p != problem), key=lambda item: (item[0], item[1].canonical_json()))
+        tuned = queries.tuned_problems(self.db, ids.gpu)
+        # The default, this problem's earlier winners (a re-tune must measure the incumbent),
+        # then the winners of the nearest tuned problems.
+        starts = [default_for(problem, self.gpu)] + [c for p, c in tuned if p == problem]
+        neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
+                            key=lambda item: (item[0], item[1].canonical_json()))
         starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
         seen = set()
         for config in starts:
@@ -330,15 +336,18 @@ class Tuner:
             outcome.best, outcome.best_ms, outcome.best_tflops = config, ms, tflops(outcome.problem, ms)
 
     # ------------------------------------------------------------------ winner
-    def _pick_winner(self, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
-        """Re-time the top few (and the built-in default, which a winner must beat) in
-        interleaved rounds, so that clock drift hits every candidate alike; configs within
-        noise of the fastest are tied and the tie goes to the first in canonical-JSON order."""
-        measured = ok_measurements(self.db, ids)
+    def _pick_winner(self, study, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
+        """Re-time this study's top few (and the built-in default and the problem's earlier
+        winners, which a new winner must beat) in interleaved rounds, so that clock drift
+        hits every candidate alike; configs within noise of the fastest are tied and the tie
+        goes to the first in canonical-JSON order."""
+        measured = _study_ranking(study)
         candidates = [config for config, _ in measured[: self.options.retime_top]]
-        default = default_for(problem, self.gpu)
-        if default not in candidates and any(config == default for config, _ in measured):
-            candidates.append(default)
+        incumbents = [default_for(problem, self.gpu)] + [c for p, c in queries.tuned_problems(self.db, ids.gpu)
+                                                         if p == problem]
+        for config in incumbents:
+            if config not in candidates and any(c == config for c, _ in measured):
+                candidates.append(config)
         if not candidates:
             return
         rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
@@ -368,10 +377,34 @@ class Tuner:
         tied = sorted((item for item in timed if item[1]["median_ms"] <= fastest * (1 + tolerance)),
                       key=lambda item: item[0].canonical_json())
         winner, fields = tied[0]
-        set_best(self.db, ids, winner, fields["median_ms"], fields["tflops"], fields.get("rel_error"), len(tied),
-                 outcome.study_name)
+        if self.options.record_best:
+            set_best(self.db, ids, winner, fields["median_ms"], fields["tflops"], fields.get("rel_error"), len(tied),
+                     outcome.study_name)
+        study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": fields["median_ms"],
+                                       "ties": len(tied)})
         outcome.best, outcome.best_ms, outcome.best_tflops = winner, fields["median_ms"], fields["tflops"]
         outcome.ties = len(tied)
+
+
+def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
+    """(config, fastest search-phase ms) of the configs this study measured (or answered
+    from the database), fastest first. Only the study's own configs: a baseline study
+    must not crown a faster config that another study measured on the same problem."""
+    from optuna.trial import TrialState
+
+    best: dict[KernelConfig, float] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        if config is not None and trial.value is not None and math.isfinite(trial.value):
+            best[config] = min(trial.value, best.get(config, math.inf))
+    return sorted(best.items(), key=lambda item: (item[1], item[0].canonical_json()))
+
+
+def _study_winner(study) -> tuple[KernelConfig, float, int] | None:
+    """The winner this study picked last time, if its config is still valid."""
+    winner = study.user_attrs.get("winner")
+    config = KernelConfig.from_stored(winner["config"]) if isinstance(winner, dict) else None
+    return (config, winner["median_ms"], winner["ties"]) if config is not None else None
 
 
 def _combine_rounds(results: list[dict], problem: Problem) -> dict:

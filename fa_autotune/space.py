@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from .config import KernelConfig
+from .config import STRUCTURE_DEFAULTS, KernelConfig
 from .errors import ConfigError, InputError, SearchSpaceError
 from .problem import Problem
 from .resources import data_dir
@@ -306,7 +306,7 @@ def _parse_parameters(raw: Any, loc: _Locator, path: tuple, require_all: bool) -
             raise SearchSpaceError(f"{where}: unknown parameter {name!r}; known: {', '.join(PARAMETER_NAMES)}")
         out.append(_parse_parameter(name, spec, where))
     if require_all:
-        missing = [n for n in PARAMETER_NAMES if n not in raw]
+        missing = [n for n in PARAMETER_NAMES if n not in raw and n not in STRUCTURE_DEFAULTS]
         if missing:
             raise SearchSpaceError(f"{loc.at(*path)}: missing parameters {missing}")
     return tuple(out)
@@ -338,7 +338,7 @@ def _check_value(name: str, value: Any, where: str) -> None:
     probe = {name: value}
     if name == "num_splits":
         probe["loop_order"] = "split_kv"
-    if name == "q_tiles":
+    if name == "q_tiles" and value > 2:
         probe["loop_order"] = "kv_outer"
     if name == "warp_specialize":
         probe.update(access="tensor_desc", num_stages=2)

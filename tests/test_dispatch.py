@@ -199,7 +199,7 @@ def test_tune_export_import_explain_end_to_end(tmp_path, monkeypatch, kernel_cac
     dispatch.DISPATCHER.reset()
     q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
     info = fa_autotune.explain(q, k, v)
-    assert info["source"] == "database" and info["config"] == entry["config"]
+    assert info["source"] == "database" and KernelConfig.from_mapping(info["config"]) == KernelConfig.from_mapping(entry["config"])
     assert_close_to_reference(fa_autotune.attention(q, k, v), q, k, v)
 
     # The same file through FA_AUTOTUNE_CONFIG_DIR with no database at all.
@@ -208,7 +208,7 @@ def test_tune_export_import_explain_end_to_end(tmp_path, monkeypatch, kernel_cac
     dispatch.DISPATCHER.reset()
     api._PLANS.clear()
     info = fa_autotune.explain(q, k, v)
-    assert info["source"] == "exported" and info["config"] == entry["config"]
+    assert info["source"] == "exported" and KernelConfig.from_mapping(info["config"]) == KernelConfig.from_mapping(entry["config"])
     assert_close_to_reference(fa_autotune.attention(q, k, v), q, k, v)
     assert not (tmp_path / "none.sqlite").exists()  # looking never creates a database
 

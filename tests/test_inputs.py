@@ -65,7 +65,7 @@ def test_bad_causal_arguments():
         ({"access": "magic"}, "access"),
         ({"causal_mode": "none"}, "causal_mode"),
         ({"num_splits": 4}, "num_splits"),
-        ({"q_tiles": 2}, "q_tiles"),
+        ({"q_tiles": 3}, "q_tiles"),
         ({"loop_order": "kv_outer", "warp_specialize": True}, "warp_specialize"),
         ({"warp_specialize": 1}, "warp_specialize"),
         ({"loop_order": "split_kv", "num_splits": 2, "warp_specialize": True}, "warp_specialize"),

@@ -111,3 +111,33 @@ def test_no_keys_gives_zeros_like_sdpa(device):
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, expected)
     assert torch.all(lse == -math.inf)
+
+
+# FlashAttention-3/4 structure knobs of the Q-outer template, alone and combined.
+STRUCTURE = {
+    "two-q-tiles": dict(q_tiles=2),
+    "lazy-rescale": dict(rescale_threshold=8),
+    "exp2-poly": dict(exp2_poly=True),
+    "persistent-seq": dict(persistent=1),
+    "persistent-head": dict(persistent=2, tile_order="head"),
+    "head-major": dict(tile_order="head"),
+    "all": dict(q_tiles=2, rescale_threshold=4, exp2_poly=True, persistent=1, tile_order="head", maxnreg=128),
+}
+
+
+@pytest.mark.parametrize("knobs", list(STRUCTURE.values()), ids=list(STRUCTURE))
+@pytest.mark.parametrize("causal, align, hq, hkv, nq, nk, d", [SHAPES[0], SHAPES[1], SHAPES[4]])
+def test_structure_knobs(device, knobs, causal, align, hq, hkv, nq, nk, d):
+    q, k, v = make_qkv(2, hq, hkv, nq, nk, d, torch.float16, device)
+    config = dict(LOOP_CONFIGS["q_outer"], BLOCK_M=16, **knobs)
+    out, lse = attention(q, k, v, causal=causal, config=config, causal_align=align, return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+def test_lazy_rescale_survives_growing_scores(device):
+    """Scores that grow along the keys force rescaling past the threshold: the stale-max
+    shortcut must still give exact softmax weights and LSE (and never overflow fp16 P)."""
+    q, k, v = make_qkv(1, 2, 2, 40, 96, 32, torch.float16, device)
+    k = k * torch.linspace(0.1, 6.0, 96, device=k.device, dtype=torch.float32)[None, None, :, None].to(k.dtype)
+    out, lse = attention(q, k, v, config=dict(LOOP_CONFIGS["q_outer"], rescale_threshold=2), return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=False, lse=lse)

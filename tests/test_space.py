@@ -36,7 +36,7 @@ def test_arch_overrides_and_grid():
 def test_conditional_parameters_take_their_fallback():
     space = load_space().for_arch("sm90")
     problem = Problem(1, 8, 8, 512, 512, 64, "float16", causal=False)
-    picks = iter(["q_outer", 64, 64, 4, 2, "pointer"])
+    picks = iter(["q_outer", 64, 64, 4, 2, "pointer", 1])
     params = space.suggest(lambda name, choices: next(picks), problem)
     assert params["causal_mode"] == "split" and params["num_splits"] == 1 and params["q_tiles"] == 1
     assert params["warp_specialize"] is False  # pointer access: not offered

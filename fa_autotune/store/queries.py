@@ -102,7 +102,7 @@ def best(db: Database, filters: Filters = Filters()) -> list[BestRow]:
     stmt = filters.apply(stmt, with_status=False)
     with db.session() as s:
         rows = s.execute(stmt).all()
-    out = [BestRow(g.name, g.capability, p.key, p.dtype, p.head_dim, p.causal, c.name, json.loads(c.json),
+    out = [BestRow(g.name, g.capability, p.key, p.dtype, p.head_dim, p.causal, c.name, _config_dict(c.json),
                    b.median_ms, b.tflops, b.rel_error, b.ties, sw.triton, sw.torch, sw.template_hash, b.source,
                    _stamp(b.decided_at))
            for b, p, c, g, sw in rows]
@@ -121,7 +121,7 @@ def trials(db: Database, filters: Filters = Filters(), limit: int | None = None)
         stmt = stmt.limit(limit)
     with db.session() as s:
         rows = s.execute(stmt).all()
-    return [TrialRow(m.id, g.name, p.key, c.name, json.loads(c.json), m.status, m.phase, m.median_ms, m.tflops,
+    return [TrialRow(m.id, g.name, p.key, c.name, _config_dict(c.json), m.status, m.phase, m.median_ms, m.tflops,
                      m.rel_error, m.compile_seconds, m.study_name, m.trial_number, m.message.splitlines()[0]
                      if m.message else "", _stamp(m.finished_at))
             for m, p, c, g in rows]
@@ -139,6 +139,13 @@ def tuned_problems(db: Database, gpu_id: int, software_id: int | None = None) ->
         rows = s.execute(stmt).all()
     pairs = [(problem_of(p), KernelConfig.from_stored(c.json)) for p, c in rows]
     return [(p, c) for p, c in pairs if c is not None]
+
+
+def _config_dict(text: str) -> dict[str, Any]:
+    """Every template parameter of a stored config (knobs added later at their defaults);
+    the stored JSON as is where this version no longer accepts the config."""
+    config = KernelConfig.from_stored(text)
+    return config.to_dict() if config is not None else json.loads(text)
 
 
 def as_dicts(rows: list) -> list[dict[str, Any]]:

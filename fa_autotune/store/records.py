@@ -86,25 +86,6 @@ def reusable(db: Database, ids: Ids, config: KernelConfig) -> MeasurementModel |
         )
 
 
-def ok_measurements(db: Database, ids: Ids) -> list[tuple[KernelConfig, float]]:
-    """(config, best median ms) of every config that passed on this problem/GPU/software."""
-    with db.session() as s:
-        rows = s.execute(
-            select(ConfigModel.json, MeasurementModel.median_ms).join(ConfigModel)
-            .where(MeasurementModel.problem_id == ids.problem, MeasurementModel.gpu_id == ids.gpu,
-                   MeasurementModel.software_id == ids.software, MeasurementModel.status == "ok",
-                   MeasurementModel.phase == "search")
-        ).all()
-    best: dict[str, tuple[KernelConfig, float]] = {}
-    for text, ms in rows:
-        cfg = KernelConfig.from_stored(text)
-        if cfg is None:
-            continue
-        if cfg.key not in best or ms < best[cfg.key][1]:
-            best[cfg.key] = (cfg, ms)
-    return sorted(best.values(), key=lambda item: (item[1], item[0].canonical_json()))
-
-
 def set_best(db: Database, ids: Ids, config: KernelConfig, median_ms: float, tflops: float,
              rel_error: float | None, ties: int, study_name: str | None, source: str = "tune") -> None:
     with db.session() as s:
