@@ -13,12 +13,12 @@ from .problem import Problem
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
+__all__ = ["attention", "attention_fp8", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
            "InputError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("attention", "explain"):
+    if name in ("attention", "attention_fp8", "explain"):
         from . import api
 
         return getattr(api, name)

@@ -22,8 +22,10 @@ HOPPER = (9, 0)
 # Largest dynamic shared memory one block may use, per compute capability (bytes).
 SHARED_MEMORY_LIMIT = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (10, 0): 232448}
 _POINTERS = {"Q", "K", "V", "Out"}
-_FP32_POINTERS = {"Lse", "OPart", "LsePart", "AccScratch", "MScratch", "LScratch"}
-_TRITON_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+_FP32_POINTERS = {"Lse", "OPart", "LsePart", "AccScratch", "MScratch", "LScratch", "QScale", "KScale", "VScale"}
+_TRITON_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
+                 "float8_e5m2": "fp8e5"}
+FP8_BLOCK = 128  # rows per descale that AOT compiles assume (quantize_fp8's default)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class KernelReport:
     shared_bytes: int
     uses_wgmma: bool
     ptx_lines: int
+    mma: tuple[str, ...] = ()  # distinct wgmma shapes and operand types, e.g. "m64n128k32.f32.e4m3.e4m3"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ def _int_args(problem: Problem, config: KernelConfig) -> dict[str, int]:
         values.update({f"stride_{prefix}b": heads * rows * d, f"stride_{prefix}h": rows * d,
                        f"stride_{prefix}n": d, f"stride_{prefix}d": 1})
     values["N_Q_PAD"] = -(-nq // config.BLOCK_M) * config.BLOCK_M
+    if problem.is_fp8:  # per-block descales, (B, H, blocks) contiguous; V stored sequence-contiguous
+        for prefix, heads, rows in (("qs", hq, nq), ("ks", hk, nk), ("vs", hk, nk)):
+            blocks = -(-rows // FP8_BLOCK)
+            values.update({f"stride_{prefix}b": heads * blocks, f"stride_{prefix}h": blocks, f"stride_{prefix}n": 1})
+        values.update({"stride_vn": 1, "stride_vd": nk, "Q_SCALE_BLOCK": FP8_BLOCK, "K_SCALE_BLOCK": FP8_BLOCK})
     return values
 
 
@@ -78,6 +86,8 @@ def _signature(fn, problem: Problem, config: KernelConfig, constexprs: dict) -> 
             signature[name] = "constexpr"
         elif name in _POINTERS or name in _FP32_POINTERS:
             signature[name] = f"*{dtype}" if name in _POINTERS else "*fp32"
+            if name == "Out" and problem.is_fp8:
+                signature[name] = "*bf16"
             attrs[(index,)] = [["tt.divisibility", 16]]
         elif name == "qk_scale":
             signature[name] = "fp32"
@@ -102,7 +112,9 @@ def _problem_constexprs(problem: Problem, config: KernelConfig) -> dict:
     }
 
 
-def _kernels(module, config: KernelConfig) -> list:
+def _kernels(module, config: KernelConfig, problem: Problem) -> list:
+    if problem.is_fp8:
+        return [getattr(module, config.name + "_fp8")]
     names = [config.name] + ([config.name + "_combine"] if config.loop_order == "split_kv" else [])
     return [getattr(module, n) for n in names]
 
@@ -121,7 +133,7 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     reports = []
     target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
     limit = SHARED_MEMORY_LIMIT.get(capability, 101376)
-    for fn in _kernels(module, config):
+    for fn in _kernels(module, config, problem):
         wanted = {k: v for k, v in _problem_constexprs(problem, config).items() if k in fn.arg_names}
         signature, consts, attrs = _signature(fn, problem, config, wanted)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
@@ -134,11 +146,18 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
             return CompileResult(config, "compile_error", time.perf_counter() - start, tuple(reports),
                                  message[-1] if message else type(exc).__name__)
         ptx = compiled.asm.get("ptx", "")
-        reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n")))
+        reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
+                                    _mma_kinds(ptx)))
         if compiled.metadata.shared > limit:
             return CompileResult(config, "out_of_resources", time.perf_counter() - start, tuple(reports),
                                  f"{fn.__name__} needs {compiled.metadata.shared} bytes of shared memory, limit {limit}")
     return CompileResult(config, "ok", time.perf_counter() - start, tuple(reports))
+
+
+def _mma_kinds(ptx: str) -> tuple[str, ...]:
+    import re
+
+    return tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)", ptx))))
 
 
 def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER) -> CompileResult:

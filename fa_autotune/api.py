@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from .codegen import load_module
 from .config import KernelConfig
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .defaults import default_for
 from .dispatch import DISPATCHER, Choice, gpu_of
-from .launch import allocate_outputs, check_config, resolve_scale, run, tma_compatible
+from .launch import allocate_outputs, check_config, check_fp8_scales, resolve_scale, run, tma_compatible
 from .problem import Problem, problem_from_tensors
+
+if TYPE_CHECKING:
+    from .quantize import Fp8Inputs
 
 
 @dataclass(frozen=True)
@@ -78,13 +81,97 @@ def attention(
 
 def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
     """The general path: validate everything, pick or parse the config, launch."""
-    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    problem = _plain_problem(q, k, v, causal, causal_align)
     sm_scale = resolve_scale(scale, problem.head_dim)
     chosen = _dispatched(problem, q, k, v).config if config is None else KernelConfig.from_mapping(config)
     check_config(chosen, problem, q, k, v)
     out, lse = allocate_outputs(q, problem, return_lse)
     run(chosen, problem, q, k, v, sm_scale, out, lse)
     return (out, lse) if return_lse else out
+
+
+def _plain_problem(q, k, v, causal, causal_align) -> Problem:
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    if problem.is_fp8:
+        raise InputError(f"FP8 tensors ({q.dtype}) need their descale factors: call "
+                         "fa_autotune.attention_fp8(fa_autotune.quantize_fp8(q, k, v)) or attention_fp8(q, k, v) "
+                         "on fp16/bf16 tensors")
+    return problem
+
+
+def attention_fp8(
+    q: "torch.Tensor | Fp8Inputs",
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    config: Mapping[str, Any] | KernelConfig | None = None,
+    *,
+    scaling: str = "per_block",
+    hadamard: bool = True,
+    fmt: str = "e4m3",
+    block_q: int = 128,
+    block_k: int = 128,
+    causal_align: str = "top_left",
+    out_dtype: torch.dtype | None = None,
+    return_lse: bool = False,
+):
+    """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
+    fp16/bf16/fp32 q, k, v to have them quantized here (``scaling``, ``hadamard``, ``fmt``,
+    ``block_q``, ``block_k`` as quantize_fp8 takes them). The descales are applied in the kernel; the Hadamard
+    rotation needs nothing (QK^T is unchanged). Output in ``out_dtype`` (default: the
+    inputs' dtype when they were fp16/bf16, else bfloat16); otherwise as :func:`attention`.
+    """
+    from .quantize import Fp8Inputs, quantize_fp8
+
+    if isinstance(q, Fp8Inputs):
+        if k is not None or v is not None:
+            raise InputError("pass either one Fp8Inputs or q, k, v, not both")
+        inputs, source_dtype = q, None
+    else:
+        inputs = quantize_fp8(q, k, v, scaling=scaling, hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k)
+        source_dtype = q.dtype
+    out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
+    if out_dtype not in (torch.float16, torch.bfloat16):
+        raise InputError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    q8, k8, v8 = inputs.q, inputs.k, inputs.v
+    problem = problem_from_tensors(q8, k8, v8, causal=causal, causal_align=causal_align)
+    if not problem.is_fp8:
+        raise InputError(f"Fp8Inputs hold {q8.dtype} tensors, not float8_e4m3fn / float8_e5m2")
+    _check_scales(inputs, problem)
+    sm_scale = resolve_scale(scale, problem.head_dim)
+    scales = (inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
+    chosen = _fp8_config(problem, inputs) if config is None else KernelConfig.from_mapping(config)
+    check_config(chosen, problem, q8, k8, v8)
+    check_fp8_scales(chosen, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
+    out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
+    lse = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if return_lse else None
+    run(chosen, problem, q8, k8, v8, sm_scale, out, lse, scales)
+    return (out, lse) if return_lse else out
+
+
+def _check_scales(inputs, problem: Problem) -> None:
+    """Descales must be fp32 (batch, heads, row blocks) tensors on the inputs' device."""
+    for name, t, heads, rows, block in (("q_scale", inputs.q_scale, problem.heads_q, problem.seqlen_q, inputs.block_q),
+                                        ("k_scale", inputs.k_scale, problem.heads_kv, problem.seqlen_k, inputs.block_k),
+                                        ("v_scale", inputs.v_scale, problem.heads_kv, problem.seqlen_k, inputs.block_k)):
+        expected = (problem.batch, heads, -(-rows // block))
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != expected:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name} must be a float32 tensor of shape {expected}, got {got}")
+        if t.device != inputs.q.device:
+            raise InputError(f"{name} is on {t.device}, the inputs on {inputs.q.device}")
+
+
+def _fp8_config(problem: Problem, inputs) -> KernelConfig:
+    """The dispatcher's pick if it can run these FP8 inputs, else the built-in FP8 default."""
+    choice = _dispatched(problem, inputs.q, inputs.k, inputs.v).config
+    try:
+        check_config(choice, problem, inputs.q, inputs.k, inputs.v)
+        check_fp8_scales(choice, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
+        return choice
+    except ConfigError:
+        return default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
 
 
 def _dispatched(problem: Problem, q, k, v) -> Choice:
@@ -115,9 +202,8 @@ def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | No
 
 def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
     from .codegen import interpreter_active
-    from .errors import InputError
 
-    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    problem = _plain_problem(q, k, v, causal, causal_align)
     sm_scale = resolve_scale(scale, problem.head_dim)
     config = _dispatched(problem, q, k, v).config
     prepared = None

@@ -23,6 +23,10 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     d = problem.head_dim_pad
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
+    if problem.is_fp8:  # FP8 runs Q-outer only; its tiles take half the shared memory of fp16
+        block = 128 if d <= 128 else 64
+        return KernelConfig(BLOCK_M=block, BLOCK_N=block, num_warps=8 if block == 128 else 4, num_stages=2,
+                            access=access)
     if problem.seqlen_q <= _SPLIT_KV_MAX_QROWS and problem.seqlen_k >= 1024:
         block_m = 16 if problem.seqlen_q <= 16 else 64
         programs = problem.batch * problem.heads_q * -(-problem.seqlen_q // block_m)

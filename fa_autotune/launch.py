@@ -24,9 +24,13 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: "torch.Tensor
         if capability is not None and capability < (9, 0):
             raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
         for name, t in zip("qkv", tensors):
+            if name == "v" and problem.is_fp8:
+                t = t.transpose(2, 3)  # FP8 V is read as [D, N] tiles (sequence contiguous)
             _check_tma_layout(name, t)
     if config.warp_specialize:
         _check_warp_specialize(config, problem, capability)
+    if problem.is_fp8:
+        _check_fp8(config, capability, *tensors)
 
 
 def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:
@@ -40,6 +44,25 @@ def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: t
         raise ConfigError(
             "warp_specialize", f"needs seqlen_k ({problem.seqlen_k}) to be a multiple of BLOCK_N ({config.BLOCK_N})"
         )
+
+
+def _check_fp8(config: KernelConfig, capability: tuple[int, int] | None, q, k, v) -> None:
+    """FP8 kernels exist for the Q-outer loop with one Q tile per program; Hopper's FP8
+    MMA (or Ada's) does the dots."""
+    if config.loop_order != "q_outer":
+        raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+    if config.q_tiles != 1:
+        raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+    if capability is not None and capability < (8, 9):
+        raise ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}")
+
+
+def check_fp8_scales(config: KernelConfig, q_scale, k_scale, block_q: int, block_k: int) -> None:
+    """Per-block descales are read once per tile, so a tile must not straddle two blocks."""
+    if q_scale.shape[2] > 1 and q_scale.stride(2) and block_q % config.BLOCK_M:
+        raise ConfigError("BLOCK_M", f"{config.BLOCK_M} does not divide the Q scaling block ({block_q} rows)")
+    if k_scale.shape[2] > 1 and k_scale.stride(2) and block_k % config.BLOCK_N:
+        raise ConfigError("BLOCK_N", f"{config.BLOCK_N} does not divide the K/V scaling block ({block_k} rows)")
 
 
 def _check_tma_layout(name: str, t: "torch.Tensor") -> None:
@@ -101,8 +124,10 @@ def run(
     scale: float,
     out: "torch.Tensor",
     lse: "torch.Tensor | None",
+    scales: tuple | None = None,
 ) -> None:
-    """Launch ``config`` on validated inputs, writing ``out`` (and ``lse``)."""
+    """Launch ``config`` on validated inputs, writing ``out`` (and ``lse``); FP8 inputs
+    come with scales = (q_scale, k_scale, v_scale, block_q, block_k)."""
     if problem.is_empty:
         return
     if problem.seqlen_k == 0:  # softmax over no keys: SDPA's math path gives zeros
@@ -116,7 +141,7 @@ def run(
         )
     module = load_module(config)
     try:
-        module.launch(q, k, v, out, lse, scale, problem.causal_offset, problem.causal)
+        module.launch(q, k, v, out, lse, scale, problem.causal_offset, problem.causal, scales=scales)
     except Exception as exc:
         raise _explain_launch_failure(config, exc) from exc
 

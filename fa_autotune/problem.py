@@ -13,8 +13,11 @@ from .errors import InputError
 if TYPE_CHECKING:
     import torch
 
-DTYPES = ("float16", "bfloat16", "float32")
-DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+DTYPES = ("float16", "bfloat16", "float32") + FP8_DTYPES
+DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32",
+                 "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
+                 "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2"}
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
@@ -66,6 +69,10 @@ class Problem:
             raise InputError(
                 f"head_dim {self.head_dim} is not supported; fa_autotune kernels take {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
             )
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
 
     @property
     def head_dim_pad(self) -> int:

@@ -11,6 +11,8 @@ from fa_autotune.problem import Problem
 CAUSAL = Problem(1, 16, 16, 4096, 4096, 128, "float16", causal=True)
 FULL = Problem(1, 16, 4, 4096, 4096, 128, "bfloat16", causal=False)
 PADDED = Problem(2, 8, 8, 1000, 1000, 80, "float16", causal=True)
+FP8_E4M3 = Problem(1, 16, 4, 4096, 4096, 128, "float8_e4m3fn", causal=True)
+FP8_E5M2 = Problem(1, 16, 16, 4096, 4096, 128, "float8_e5m2", causal=False)
 
 SAMPLE = [
     (CAUSAL, KernelConfig(access="pointer", causal_mode="split")),
@@ -22,6 +24,9 @@ SAMPLE = [
     (CAUSAL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="block_ptr", num_stages=2)),
     (FULL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="tensor_desc", causal_mode="masked", num_stages=2)),
     (PADDED, KernelConfig(access="tensor_desc", BLOCK_M=64, num_warps=4, num_stages=2)),
+    (FP8_E4M3, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=8, num_stages=2)),
+    (FP8_E5M2, KernelConfig(access="pointer", BLOCK_N=64, num_warps=4, num_stages=3)),
+    (FP8_E5M2, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=4, num_stages=2, rescale_threshold=8)),
 ]
 
 
@@ -53,3 +58,13 @@ def test_impossible_variants_become_statuses():
     big, ws = compile_many([too_big, ws_two_loops], CAUSAL, jobs=2)
     assert big.status == "out_of_resources" and big.shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
     assert ws.status == "compile_error" and ws.error
+
+
+@pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2")])
+def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
+    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16."""
+    for (p, config), result in results.items():
+        if p == problem:
+            (kernel,) = result.kernels
+            assert kernel.kernel.endswith("_fp8") and kernel.mma, kernel
+            assert all(kind.endswith(operands) for kind in kernel.mma), kernel.mma
