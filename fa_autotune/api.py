@@ -107,8 +107,9 @@ def attention_fp8(
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
     *,
-    scaling: str = "per_block",
-    hadamard: bool = True,
+    max_error: float | None = None,
+    scaling: str | None = None,
+    hadamard: bool | None = None,
     fmt: str = "e4m3",
     block_q: int = 128,
     block_k: int = 128,
@@ -117,19 +118,35 @@ def attention_fp8(
     return_lse: bool = False,
 ):
     """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
-    fp16/bf16/fp32 q, k, v to have them quantized here (``scaling``, ``hadamard``, ``fmt``,
-    ``block_q``, ``block_k`` as quantize_fp8 takes them). The descales are applied in the kernel; the Hadamard
-    rotation needs nothing (QK^T is unchanged). Output in ``out_dtype`` (default: the
-    inputs' dtype when they were fp16/bf16, else bfloat16); otherwise as :func:`attention`.
+    fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
+    the fastest tuned config whose measured error (relative, against float32) is within
+    ``max_error`` (`fa-autotune tune --dtype fp8` stores each problem's time/error Pareto
+    front); its quantization recipe (fp8_scaling, fp8_hadamard) is used unless ``scaling`` /
+    ``hadamard`` say otherwise; ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them.
+    Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
+    unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
+    fp16/bf16, else bfloat16); otherwise as :func:`attention`.
     """
-    from .quantize import Fp8Inputs, quantize_fp8
+    from .quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8
 
+    if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
+        raise InputError(f"max_error must be a positive number, got {max_error!r}")
     if isinstance(q, Fp8Inputs):
         if k is not None or v is not None:
             raise InputError("pass either one Fp8Inputs or q, k, v, not both")
         inputs, source_dtype = q, None
+        problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
+        chosen = _fp8_choice(problem, q.q.device, config, max_error, (q.scaling, q.hadamard))
     else:
-        inputs = quantize_fp8(q, k, v, scaling=scaling, hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k)
+        dtype = {fmt_: name for name, fmt_ in FMT_OF_DTYPE.items()}.get(fmt)
+        if dtype is None:
+            raise InputError(f"fmt must be one of {sorted(FMT_OF_DTYPE.values())}, got {fmt!r}")
+        problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
+        recipe = (scaling, hadamard) if scaling is not None and hadamard is not None else None
+        chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
+        inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
+                              hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
+                              block_q=block_q, block_k=block_k)
         source_dtype = q.dtype
     out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
     if out_dtype not in (torch.float16, torch.bfloat16):
@@ -139,15 +156,39 @@ def attention_fp8(
     if not problem.is_fp8:
         raise InputError(f"Fp8Inputs hold {q8.dtype} tensors, not float8_e4m3fn / float8_e5m2")
     _check_scales(inputs, problem)
-    sm_scale = resolve_scale(scale, problem.head_dim)
-    scales = (inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
-    chosen = _fp8_config(problem, inputs) if config is None else KernelConfig.from_mapping(config)
-    check_config(chosen, problem, q8, k8, v8)
-    check_fp8_scales(chosen, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
+    chosen = _fp8_usable(chosen, problem, inputs, explicit=config is not None)
     out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
     lse = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if return_lse else None
-    run(chosen, problem, q8, k8, v8, sm_scale, out, lse, scales)
+    run(chosen, problem, q8, k8, v8, resolve_scale(scale, problem.head_dim), out, lse, inputs.scales)
     return (out, lse) if return_lse else out
+
+
+def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recipe) -> KernelConfig:
+    if config is not None:
+        return KernelConfig.from_mapping(config)
+    return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, recipe).config
+
+
+def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
+    """``config`` if it can run these FP8 inputs; a dispatched one that cannot (its tiles
+    straddle the inputs' scaling blocks, TMA alignment) falls back to the FP8 default."""
+    candidates = [config]
+    if not explicit:
+        default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
+        candidates.append(default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard))
+    for candidate in candidates[:-1]:
+        try:
+            _check_fp8_config(candidate, problem, inputs)
+            return candidate
+        except ConfigError:
+            continue
+    _check_fp8_config(candidates[-1], problem, inputs)  # raises, naming the parameter
+    return candidates[-1]
+
+
+def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
+    check_config(config, problem, inputs.q, inputs.k, inputs.v)
+    check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
 
 
 def _check_scales(inputs, problem: Problem) -> None:
@@ -161,17 +202,6 @@ def _check_scales(inputs, problem: Problem) -> None:
             raise InputError(f"{name} must be a float32 tensor of shape {expected}, got {got}")
         if t.device != inputs.q.device:
             raise InputError(f"{name} is on {t.device}, the inputs on {inputs.q.device}")
-
-
-def _fp8_config(problem: Problem, inputs) -> KernelConfig:
-    """The dispatcher's pick if it can run these FP8 inputs, else the built-in FP8 default."""
-    choice = _dispatched(problem, inputs.q, inputs.k, inputs.v).config
-    try:
-        check_config(choice, problem, inputs.q, inputs.k, inputs.v)
-        check_fp8_scales(choice, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
-        return choice
-    except ConfigError:
-        return default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
 
 
 def _dispatched(problem: Problem, q, k, v) -> Choice:

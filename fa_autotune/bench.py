@@ -27,6 +27,10 @@ class Timing:
     p80_ms: float
 
 
+FP8_OUTLIER_CHANNELS = 4
+FP8_OUTLIER_FACTOR = 20.0
+
+
 def random_inputs(problem: Problem, device: str, seed: int | None = None):
     """Fresh normal q, k, v in (B, H, N, D) layout (never zeros: they hide bugs)."""
     import torch
@@ -42,15 +46,46 @@ def random_inputs(problem: Problem, device: str, seed: int | None = None):
     return one(problem.heads_q, problem.seqlen_q), one(problem.heads_kv, problem.seqlen_k), one(problem.heads_kv, problem.seqlen_k)
 
 
+def fp8_source_inputs(problem: Problem, device: str, seed: int | None = None):
+    """What FP8 accuracy is judged on: float32 q, k, v like LLM activations, normal data
+    (std 0.25) with FP8_OUTLIER_CHANNELS channels of Q and K FP8_OUTLIER_FACTOR times larger,
+    the outliers that per-block scaling and incoherent processing are for."""
+    import torch
+
+    q, k, v = random_inputs(problem.with_dtype("float32"), device, seed)
+    channels = torch.arange(FP8_OUTLIER_CHANNELS, device=device) * (problem.head_dim // FP8_OUTLIER_CHANNELS)
+    q, k = q * 0.25, k * 0.25
+    q[..., channels] *= FP8_OUTLIER_FACTOR
+    k[..., channels] *= FP8_OUTLIER_FACTOR
+    return q, k, v
+
+
+def kernel_inputs(config: KernelConfig, problem: Problem, device: str, seed: int | None = None):
+    """((q, k, v) the kernel reads, FP8 scales or None, (q, k, v) the reference reads), with
+    ``config`` checked against them. FP8 problems quantize as the config's recipe says."""
+    if not problem.is_fp8:
+        q, k, v = random_inputs(problem, device, seed)
+        check_config(config, problem, q, k, v)
+        return (q, k, v), None, (q, k, v)
+    from .launch import check_fp8_scales
+    from .quantize import fmt_of, quantize_fp8
+
+    source = fp8_source_inputs(problem, device, seed)
+    x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard, fmt=fmt_of(problem.dtype))
+    check_config(config, problem, x.q, x.k, x.v)
+    check_fp8_scales(config, x.q_scale, x.k_scale, x.block_q, x.block_k)
+    return (x.q, x.k, x.v), x.scales, source
+
+
 def check_config_correct(config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> ErrorReport:
-    """Run ``config`` once on fresh inputs into a NaN-filled output; compare with fp32."""
-    q, k, v = random_inputs(problem, device, seed)
-    check_config(config, problem, q, k, v)
+    """Run ``config`` once on fresh inputs into a NaN-filled output; compare with fp32
+    attention on the same (for FP8: the unquantized) inputs."""
+    (q, k, v), scales, source = kernel_inputs(config, problem, device, seed)
     out, _ = allocate_outputs(q, problem, return_lse=False)
     out.fill_(float("nan"))
     scale = resolve_scale(None, problem.head_dim)
-    run(config, problem, q, k, v, scale, out, None)
-    ref, _ = reference_attention(q, k, v, causal=problem.causal, scale=scale, causal_align=problem.causal_align)
+    run(config, problem, q, k, v, scale, out, None, scales)
+    ref, _ = reference_attention(*source, causal=problem.causal, scale=scale, causal_align=problem.causal_align)
     return compare(out, ref)
 
 
@@ -79,12 +114,13 @@ def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float
 
 
 def time_config(config: KernelConfig, problem: Problem, device: str = "cuda", rep_ms: float = 100) -> Timing:
-    """Time ``config`` on ``problem`` (outputs preallocated, as the kernel alone costs)."""
-    q, k, v = random_inputs(problem, device)
-    check_config(config, problem, q, k, v)
+    """Time ``config`` on ``problem`` (outputs preallocated, as the kernel alone costs; FP8
+    inputs quantized beforehand)."""
+    (q, k, v), scales, _ = kernel_inputs(config, problem, device)
     out, _ = allocate_outputs(q, problem, return_lse=False)
     scale = resolve_scale(None, problem.head_dim)
-    return time_callable(lambda: run(config, problem, q, k, v, scale, out, None), rep_ms=rep_ms, device=device)
+    return time_callable(lambda: run(config, problem, q, k, v, scale, out, None, scales), rep_ms=rep_ms,
+                         device=device)
 
 
 def peak_extra_bytes(fn: Callable[[], object]):

@@ -109,7 +109,8 @@ def _tune(args: argparse.Namespace) -> int:
     problems = _tune_problems(args, space, gpu)
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
-                          trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start)
+                          trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
+                          max_error=args.max_error)
     db = connect(args.db)
     reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
@@ -148,6 +149,8 @@ def _query(args: argparse.Namespace) -> int:
         rows, row_type = queries.trials(db, filters, limit=args.limit), queries.TrialRow
     elif args.what == "failures":
         rows, row_type = queries.failures(db, filters), queries.FailureRow
+    elif args.what == "pareto":
+        rows, row_type = queries.pareto(db, filters), queries.ParetoRow
     elif args.what == "compare":
         if not (args.a and args.b):
             raise FaAutotuneError("compare needs --a and --b, e.g. --a gpu=H100 --b gpu=H200 or --a triton=3.5.1 "
@@ -328,11 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retime-top", type=int, default=3, help="re-time this many best configs before picking")
     p.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a trial counts as hung")
     p.add_argument("--no-warm-start", action="store_true", help="do not seed studies with known-good configs")
+    p.add_argument("--max-error", type=float, default=None,
+                   help="FP8 (--dtype fp8): relative error vs float32 a config may have; time and error are both "
+                        "minimized and the Pareto front stored (query pareto)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
 
     p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
-    p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage"],
-                   help="best: winner per problem; trials: every measurement; failures: counts and examples by "
+    p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage", "pareto"],
+                   help="best: winner per problem; trials: every measurement; pareto: FP8 time/error fronts; "
+                        "failures: counts and examples by "
                         "status; compare: the same problems on two GPUs/software versions (--a, --b); coverage: "
                         "which problems of --preset are tuned, and how far the nearest tuned one is")
     _add_db_flags(p)

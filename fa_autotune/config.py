@@ -22,13 +22,14 @@ STAGES = (1, 2, 3, 4, 5, 6, 7)
 MAX_SPLITS = 128
 MAX_Q_TILES = 64
 TILE_ORDERS = ("seq", "head")
+FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
 MAX_PERSISTENT = 4
 MAX_RESCALE_THRESHOLD = 16
 # Kernel-structure knobs added after the first release: the canonical JSON (the identity
 # stored in databases and config files) leaves them out while they hold these defaults,
 # so every config tuned before they existed keeps its key.
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
-                      "maxnreg": 0}
+                      "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class KernelConfig:
     persistent: int = 0
     tile_order: str = "seq"
     maxnreg: int = 0
+    # FP8 problems only: how attention_fp8 quantizes the inputs for this kernel (the recipe
+    # decides the error, the rest of the config the speed).
+    fp8_scaling: str = "per_block"
+    fp8_hadamard: bool = True
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -116,6 +121,10 @@ class KernelConfig:
             parts.append(f"{self.tile_order}major")
         if self.maxnreg:
             parts.append(f"r{self.maxnreg}")
+        if self.fp8_scaling != "per_block":
+            parts.append({"per_tensor": "fp8tensor", "per_head": "fp8head"}[self.fp8_scaling])
+        if not self.fp8_hadamard:
+            parts.append("nohad")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -178,6 +187,9 @@ def _validate_structure(cfg: KernelConfig) -> None:
         raise ConfigError("exp2_poly", f"expected true or false, got {cfg.exp2_poly!r}")
     _check_int("persistent", cfg.persistent, lo=0, hi=MAX_PERSISTENT)
     _check_choice("tile_order", cfg.tile_order, TILE_ORDERS)
+    _check_choice("fp8_scaling", cfg.fp8_scaling, FP8_SCALINGS)
+    if not isinstance(cfg.fp8_hadamard, bool):
+        raise ConfigError("fp8_hadamard", f"expected true or false, got {cfg.fp8_hadamard!r}")
     _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)
     if cfg.maxnreg and (cfg.maxnreg < 64 or cfg.maxnreg % 8):
         raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")

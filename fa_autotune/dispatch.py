@@ -58,6 +58,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self._choices: dict[tuple[Problem, str, int], Choice] = {}
         self._tables: dict[tuple[str, int], list[_Table]] = {}
+        self._fronts: dict[tuple[str, int], tuple[list[_FrontPoint], str]] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
 
@@ -72,11 +73,47 @@ class Dispatcher:
                     self._choices[key] = choice
         return choice
 
+    def choose_fp8(self, problem: Problem, device_type: str, device_index: int, max_error: float | None = None,
+                   recipe: tuple[str, bool] | None = None) -> Choice:
+        """FP8: the fastest config on the stored time/error Pareto front of this problem (else
+        of the nearest tuned one) whose error is within ``max_error`` and, for inputs
+        already quantized, whose recipe (fp8_scaling, fp8_hadamard) is theirs; otherwise
+        what :meth:`choose` gives, with that recipe."""
+        key = (problem, device_type, device_index, max_error, recipe)
+        choice = self._choices.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._resolve_fp8(problem, device_type, device_index, max_error, recipe)
+                self._choices[key] = choice
+        return choice
+
+    def _resolve_fp8(self, problem, device_type, device_index, max_error, recipe) -> Choice:
+        gpu = gpu_of(device_type, device_index)
+        if os.environ.get("FA_AUTOTUNE_DISABLE_TUNED", "") in ("", "0"):
+            key = (device_type, device_index)
+            if key not in self._fronts:
+                self._fronts[key] = _database_fronts(gpu, self._warn_once)
+            points, origin = self._fronts[key]
+            fits = [p for p in points if (max_error is None or p.rel_error <= max_error)
+                    and (recipe is None or (p.config.fp8_scaling, p.config.fp8_hadamard) == recipe)]
+            by_distance = sorted({(0.0 if p.problem == problem else distance(problem, p.problem), p.problem.key)
+                                  for p in fits})
+            if by_distance and math.isfinite(by_distance[0][0]):
+                d, matched = by_distance[0]
+                best = min((p for p in fits if p.problem.key == matched), key=lambda p: (p.median_ms, p.rel_error))
+                return Choice(best.config, "pareto", best.problem, d, origin)
+        base = self.choose(problem, device_type, device_index)
+        if recipe is None:
+            return base
+        return Choice(base.config.with_(fp8_scaling=recipe[0], fp8_hadamard=recipe[1]), base.source, base.matched,
+                      base.distance, base.origin)
+
     def reset(self) -> None:
         """Forget everything read so far (after a tune or an import in this process)."""
         with self._lock:
             self._choices.clear()
             self._tables.clear()
+            self._fronts.clear()
             self._warned.clear()
 
     def _resolve(self, problem: Problem, device_type: str, device_index: int) -> Choice:
@@ -155,42 +192,81 @@ def _file_tables(directory: Path, gpu: GpuInfo, source: str, warn) -> list[_Tabl
     return [_Table(source, str(path), entries)]
 
 
-def _database_table(gpu: GpuInfo, warn) -> _Table | None:
-    """Winners on this GPU from the local database; prefers rows of this Triton version."""
+def _query_database(gpu: GpuInfo, warn, what: str, model) -> tuple[list, str]:
+    """(rows of ``model`` joined with problem, config and Triton version for this GPU, the
+    database URL); no rows when there is no database or it cannot be read (warned)."""
     from .store.db import default_url
 
     url = default_url()
     if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
-        return None  # never create a database just to look into it
+        return [], url  # never create a database just to look into it
     try:
-        import triton
         from sqlalchemy import select
 
         from .store import connect
-        from .store.models import BestModel, ConfigModel, GpuModel, ProblemModel, SoftwareModel
-        from .store.queries import problem_of
+        from .store.models import ConfigModel, GpuModel, ProblemModel, SoftwareModel
 
         db = connect(url)
-        stmt = (select(ProblemModel, ConfigModel, SoftwareModel.triton)
-                .join(BestModel, BestModel.problem_id == ProblemModel.id)
-                .join(ConfigModel, BestModel.config_id == ConfigModel.id)
-                .join(GpuModel, BestModel.gpu_id == GpuModel.id)
-                .join(SoftwareModel, BestModel.software_id == SoftwareModel.id)
+        stmt = (select(model, ProblemModel, ConfigModel, SoftwareModel.triton)
+                .join(ProblemModel, model.problem_id == ProblemModel.id)
+                .join(ConfigModel, model.config_id == ConfigModel.id)
+                .join(GpuModel, model.gpu_id == GpuModel.id)
+                .join(SoftwareModel, model.software_id == SoftwareModel.id)
                 .where(GpuModel.name == gpu.name, GpuModel.capability == gpu.capability)
-                .order_by(BestModel.decided_at))
+                .order_by(model.decided_at))
         with db.session() as s:
             rows = s.execute(stmt).all()
         db.dispose()
     except Exception as exc:  # an unreachable database must not break attention()
-        warn(f"cannot read tuned configs from {url}: {exc}")
+        warn(f"cannot read {what} from {url}: {exc}")
+        return [], url
+    return rows, url
+
+
+def _this_triton_last(rows: list) -> list:
+    """Rows of other Triton versions first, so that this version's rows override them."""
+    import triton
+
+    return sorted(rows, key=lambda row: row[3] == triton.__version__)
+
+
+def _database_table(gpu: GpuInfo, warn) -> _Table | None:
+    """Winners on this GPU from the local database; prefers rows of this Triton version."""
+    from .store.models import BestModel
+    from .store.queries import problem_of
+
+    rows, url = _query_database(gpu, warn, "tuned configs", BestModel)
+    if not rows:
         return None
     chosen: dict[str, tuple[Problem, KernelConfig]] = {}
-    for same_triton in (False, True):  # rows of this Triton version win over others
-        for prob, cfg, triton_version in rows:
-            config = KernelConfig.from_stored(cfg.json)
-            if config is not None and (triton_version == triton.__version__) == same_triton:
-                chosen[prob.key] = (problem_of(prob), config)
+    for _, prob, cfg, _ in _this_triton_last(rows):
+        config = KernelConfig.from_stored(cfg.json)
+        if config is not None:
+            chosen[prob.key] = (problem_of(prob), config)
     return _Table("database", url, tuple(chosen.values()))
+
+
+@dataclass(frozen=True)
+class _FrontPoint:
+    problem: Problem
+    config: KernelConfig
+    median_ms: float
+    rel_error: float
+
+
+def _database_fronts(gpu: GpuInfo, warn) -> tuple[list[_FrontPoint], str]:
+    """The stored FP8 Pareto fronts on this GPU, per problem the newest (this Triton first)."""
+    from .store.models import ParetoModel
+    from .store.queries import problem_of
+
+    rows, url = _query_database(gpu, warn, "Pareto fronts", ParetoModel)
+    fronts: dict[str, dict[KernelConfig, _FrontPoint]] = {}
+    for point, prob, cfg, _ in _this_triton_last(rows):
+        config = KernelConfig.from_stored(cfg.json)
+        if config is not None:
+            fronts.setdefault(prob.key, {})[config] = _FrontPoint(problem_of(prob), config, point.median_ms,
+                                                                  point.rel_error)
+    return [p for front in fronts.values() for p in front.values()], url
 
 
 DISPATCHER = Dispatcher()

@@ -53,6 +53,8 @@ def _check_fp8(config: KernelConfig, capability: tuple[int, int] | None, q, k, v
         raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
     if config.q_tiles != 1:
         raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+    if config.BLOCK_N < 32:
+        raise ConfigError("BLOCK_N", f"FP8 needs BLOCK_N >= 32 (the PV product's FP8 MMA reduces over 32), got {config.BLOCK_N}")
     if capability is not None and capability < (8, 9):
         raise ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}")
 
@@ -108,7 +110,7 @@ def allocate_outputs(q: "torch.Tensor", problem: Problem, return_lse: bool):
     """Output in q's memory layout (a flash-attn (B, N, H, D) view stays one), fp32 LSE."""
     import torch
 
-    out = torch.empty_like(q)
+    out = torch.empty_like(q, dtype=torch.bfloat16) if problem.is_fp8 else torch.empty_like(q)
     lse = None
     if return_lse:
         lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)

@@ -5,7 +5,7 @@ strides and devices (a tuned config serves every layout of the same shapes).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
@@ -76,8 +76,8 @@ class Problem:
 
     @property
     def head_dim_pad(self) -> int:
-        """Head dim rounded up to the power of two the kernel tiles use."""
-        return next_pow2(self.head_dim)
+        """Head dim rounded up to the power of two the kernel tiles use (FP8 dots need 32)."""
+        return max(32, next_pow2(self.head_dim)) if self.is_fp8 else next_pow2(self.head_dim)
 
     @property
     def gqa_group(self) -> int:
@@ -99,6 +99,9 @@ class Problem:
         """Forward FLOPs, counted as FlashAttention does: 4·B·H·Nq·Nk·D, halved when causal."""
         total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
         return total / 2 if self.causal else total
+
+    def with_dtype(self, dtype: str) -> "Problem":
+        return replace(self, dtype=dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,6 +28,7 @@ from .problem import check_qkv
 if TYPE_CHECKING:
     import torch
 
+FMT_OF_DTYPE = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 SCALINGS = ("per_tensor", "per_head", "per_block")
 FORMATS = ("e4m3", "e5m2")
 _FMT_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -104,6 +105,11 @@ class Fp8Inputs:
     block_q: int
     block_k: int
     seed: int
+
+    @property
+    def scales(self) -> tuple:
+        """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k)."""
+        return self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k
 
     def dequantize(self) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
         """float32 q, k, v with the scales undone but not the Hadamard rotation.
@@ -245,3 +251,10 @@ def _check_finite(pairs: dict[str, tuple["torch.Tensor", "torch.Tensor"]]) -> No
         if not bool(torch.isfinite(original).all()):
             raise InputError(f"{name} contains NaN or inf")
         raise InputError(f"{name} overflows float32 in the Hadamard transform; its values are too large")
+
+
+def fmt_of(dtype: str) -> str:
+    """quantize_fp8's fmt for a canonical FP8 dtype name ("float8_e4m3fn" -> "e4m3")."""
+    if dtype not in FMT_OF_DTYPE:
+        raise InputError(f"{dtype!r} is not an FP8 dtype; expected one of {sorted(FMT_OF_DTYPE)}")
+    return FMT_OF_DTYPE[dtype]

@@ -22,8 +22,9 @@ class ErrorReport:
     rel: float  # ||out - ref|| / ||ref||
     finite: bool
 
-    def passes(self, dtype: str) -> bool:
-        return self.finite and self.rel <= TOLERANCE[dtype]
+    def passes(self, dtype: str, limit: float | None = None) -> bool:
+        """Finite and within ``limit`` (default: the dtype's tolerance)."""
+        return self.finite and self.rel <= (TOLERANCE[dtype] if limit is None else limit)
 
 
 def reference_attention(

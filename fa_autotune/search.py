@@ -27,7 +27,8 @@ from .problem import Problem, distance
 from .space import SearchSpace
 from .store import Database
 from .store import queries
-from .store.records import Ids, identities, record, reusable, set_best
+from .reference import TOLERANCE
+from .store.records import Ids, identities, record, reusable, set_best, set_front
 from .target import GpuInfo, SoftwareInfo
 from .worker import DeviceWorker, Job
 
@@ -54,8 +55,12 @@ class TuneOptions:
     # False for baselines (the tutorial list in `bench`): pick and report a winner from this
     # study's own configs without making it the dispatcher's choice for the problem.
     record_best: bool = True
+    # FP8 problems: relative error (against float32) a config may have to count at all.
+    max_error: float | None = None
 
     def __post_init__(self) -> None:
+        if self.max_error is not None and not 0 < self.max_error < 1:
+            raise FaAutotuneError(f"--max-error must be in (0, 1), got {self.max_error}")
         if self.sampler not in SAMPLERS:
             raise FaAutotuneError(f"unknown sampler {self.sampler!r}; choose one of {SAMPLERS}")
         if self.trials is not None and self.trials < 1:
@@ -77,6 +82,7 @@ class ProblemOutcome:
     best_tflops: float | None = None
     ties: int = 0
     seconds: float = 0.0
+    front: list = field(default_factory=list)  # FP8: (config, ms, error) on the Pareto front, fastest first
 
 
 class Reporter(Protocol):
@@ -154,8 +160,10 @@ class Tuner:
         stop_at = start + budget if budget is not None else None
         name = study_name(self.options.study, self.gpu, self.space, problem)
         ids = identities(self.db, problem, self.gpu, self.software)
-        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), direction="minimize",
-                                    sampler=self._sampler(), load_if_exists=True)
+        # FP8: time and error, both minimized (Optuna multi-objective); otherwise time.
+        objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
+        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
+                                    load_if_exists=True, **objectives)
         _fail_stale_trials(study)
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
@@ -191,6 +199,8 @@ class Tuner:
         if known is not None:  # nothing new since the winner was picked: keep it
             outcome.best, outcome.best_ms, outcome.ties = known
             outcome.best_tflops = tflops(problem, outcome.best_ms)
+        elif problem.is_fp8:
+            self._pick_front(study, problem, ids, outcome)
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
@@ -274,7 +284,8 @@ class Tuner:
             self._finish(study, trial, ids, config, compiled.status, outcome, started,
                          message=compiled.error, compile_seconds=compiled.seconds)
             return
-        result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
+        job = Job(config, problem, rep_ms=self.options.search_rep_ms, max_error=self.options.max_error)
+        result = worker.run(job, self.options.trial_timeout)
         self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
                      compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
 
@@ -299,15 +310,14 @@ class Tuner:
         if previous is not None and previous.status == "ok":
             trial.set_user_attr("status", "ok")
             trial.set_user_attr("reused", True)
-            study.tell(trial, previous.median_ms)
+            study.tell(trial, _objectives(study, previous.median_ms, previous.rel_error))
             outcome.statuses["ok"] += 1
             self._note_best(outcome, config, previous.median_ms)
         else:
             status = previous.status
             trial.set_user_attr("status", status)
             trial.set_user_attr("reused", True)
-            trial.report(FAILED_VALUE, 0)
-            study.tell(trial, state=_pruned())
+            _tell_failed(study, trial)
             outcome.statuses[status] += 1
         self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
 
@@ -324,16 +334,33 @@ class Tuner:
         outcome.new_trials += 1
         outcome.statuses[status] += 1
         if status == "ok":
-            study.tell(trial, fields["median_ms"])
+            study.tell(trial, _objectives(study, fields["median_ms"], fields.get("rel_error")))
             self._note_best(outcome, config, fields["median_ms"])
         else:
-            trial.report(FAILED_VALUE, 0)
-            study.tell(trial, state=_pruned())
+            _tell_failed(study, trial)
         self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
 
     def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:
         if outcome.best_ms is None or ms < outcome.best_ms:
             outcome.best, outcome.best_ms, outcome.best_tflops = config, ms, tflops(outcome.problem, ms)
+
+    # ------------------------------------------------------------------ FP8 front
+    def _pick_front(self, study, problem: Problem, ids: Ids, outcome: ProblemOutcome) -> None:
+        """FP8: store the study's time/error Pareto front (errors within --max-error); its
+        fastest member within the format's tolerance (else its most accurate) becomes the
+        problem's winner, which the dispatcher uses when the caller names no error budget."""
+        front = pareto_front(_study_points(study, self.options.max_error))
+        if not front:
+            return
+        set_front(self.db, ids, [(c, ms, tflops(problem, ms), err) for c, ms, err in front], self.options.max_error,
+                  outcome.study_name)
+        within = [point for point in front if point[2] <= TOLERANCE[problem.dtype]]
+        winner, ms, err = within[0] if within else front[-1]
+        if self.options.record_best:
+            set_best(self.db, ids, winner, ms, tflops(problem, ms), err, 1, outcome.study_name)
+        study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": ms, "ties": 1})
+        outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = winner, ms, tflops(problem, ms), 1
+        outcome.front = front
 
     # ------------------------------------------------------------------ winner
     def _pick_winner(self, study, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
@@ -386,6 +413,31 @@ class Tuner:
         outcome.ties = len(tied)
 
 
+def pareto_front(points: list[tuple[KernelConfig, float, float]]) -> list[tuple[KernelConfig, float, float]]:
+    """The (config, ms, error) points no other point beats on both time and error, fastest
+    first (equal points keep the first in canonical-JSON order)."""
+    front: list[tuple[KernelConfig, float, float]] = []
+    for config, ms, err in sorted(points, key=lambda p: (p[1], p[2], p[0].canonical_json())):
+        if not front or err < front[-1][2]:
+            front.append((config, ms, err))
+    return front
+
+
+def _study_points(study, max_error: float | None) -> list[tuple[KernelConfig, float, float]]:
+    """(config, fastest ms, its error) of a multi-objective study's passing configs."""
+    from optuna.trial import TrialState
+
+    points: dict[KernelConfig, tuple[float, float]] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        ms, err = trial.values
+        if config is None or not (math.isfinite(ms) and math.isfinite(err)):
+            continue
+        if (max_error is None or err <= max_error) and (config not in points or ms < points[config][0]):
+            points[config] = (ms, err)
+    return [(config, ms, err) for config, (ms, err) in points.items()]
+
+
 def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
     """(config, fastest search-phase ms) of the configs this study measured (or answered
     from the database), fastest first. Only the study's own configs: a baseline study
@@ -395,8 +447,9 @@ def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
     best: dict[KernelConfig, float] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
-        if config is not None and trial.value is not None and math.isfinite(trial.value):
-            best[config] = min(trial.value, best.get(config, math.inf))
+        ms = trial.values[0] if trial.values else None
+        if config is not None and ms is not None and math.isfinite(ms):
+            best[config] = min(ms, best.get(config, math.inf))
     return sorted(best.items(), key=lambda item: (item[1], item[0].canonical_json()))
 
 
@@ -466,10 +519,23 @@ def _fail_stale_trials(study) -> None:
         study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
-def _pruned():
+def _objectives(study, ms: float, rel_error: float | None) -> float | list[float]:
+    """What Optuna is told for a passing trial: its time, and for FP8 studies its error."""
+    if len(study.directions) == 1:
+        return ms
+    return [ms, rel_error if rel_error is not None else math.inf]
+
+
+def _tell_failed(study, trial) -> None:
+    """A failed trial: pruned after a terrible report (TPE learns to avoid its region);
+    multi-objective studies take no reports, so there it is failed."""
     from optuna.trial import TrialState
 
-    return TrialState.PRUNED
+    if len(study.directions) == 1:
+        trial.report(FAILED_VALUE, 0)
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
 
 
 def _utcnow() -> dt.datetime:

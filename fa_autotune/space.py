@@ -21,7 +21,7 @@ from .problem import Problem
 from .resources import data_dir
 
 PROBLEM_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_pad",
-                 "gqa_group", "causal", "dtype")
+                 "gqa_group", "causal", "dtype", "fp8")
 PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig))
 ARCH_KEYS = ("sm90", "sm80", "interpreter")
 _PRESET_KEYS = {"batch", "heads", "kv_heads", "seqlen", "seqlen_k", "head_dim", "dtype", "causal", "causal_align",
@@ -224,7 +224,7 @@ def _problem_env(problem: Problem) -> dict[str, Any]:
     return {"batch": problem.batch, "heads_q": problem.heads_q, "heads_kv": problem.heads_kv,
             "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k, "head_dim": problem.head_dim,
             "head_dim_pad": problem.head_dim_pad, "gqa_group": problem.gqa_group, "causal": problem.causal,
-            "dtype": problem.dtype}
+            "dtype": problem.dtype, "fp8": problem.is_fp8}
 
 
 # ---------------------------------------------------------------- loading

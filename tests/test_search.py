@@ -6,7 +6,7 @@ import pytest
 
 from fa_autotune.config import KernelConfig
 from fa_autotune.problem import Problem
-from fa_autotune.search import TuneOptions, Tuner
+from fa_autotune.search import TuneOptions, Tuner, pareto_front
 from fa_autotune.space import load_space
 from fa_autotune.store import connect, queries
 from fa_autotune.store.records import identities, record
@@ -62,3 +62,47 @@ def test_retune_measures_the_incumbent(tuner):
     retimed = {r.study_name for r in queries.trials(second.db)
                if r.phase == "retime" and KernelConfig.from_stored(r.config) == first.best}
     assert outcome.study_name in retimed
+
+
+def test_pareto_front_drops_dominated_points():
+    a, b, c, d = (KernelConfig(BLOCK_M=m) for m in (16, 32, 64, 128))
+    front = pareto_front([(a, 1.0, 0.30), (b, 2.0, 0.10), (c, 2.5, 0.20), (d, 3.0, 0.05)])
+    assert front == [(a, 1.0, 0.30), (b, 2.0, 0.10), (d, 3.0, 0.05)]
+
+
+def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, monkeypatch):
+    """`tune --dtype fp8 --max-error E` as a user runs it: time and error both minimized,
+    the front within E stored and shown by `query pareto`; attention_fp8 then runs the
+    fastest front config within the caller's budget."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from fa_autotune import api, dispatch
+
+    url = f"sqlite:///{tmp_path / 'fp8.sqlite'}"
+    env = dict(os.environ, FA_AUTOTUNE_CACHE=str(kernel_cache))
+    env.pop("TRITON_INTERPRET", None)
+    base = [sys.executable, "-m", "fa_autotune"]
+    subprocess.run(base + ["tune", "--batch", "1", "--heads", "2", "--seqlen", "64", "--head-dim", "32", "--dtype",
+                           "fp8", "--trials", "12", "--jobs", "2", "--seed", "2", "--max-error", "0.3", "--db", url,
+                           "--quiet"], check=True, env=env, capture_output=True)
+    front = json.loads(subprocess.run(base + ["query", "pareto", "--db", url, "--format", "json"], check=True,
+                                      env=env, capture_output=True, text=True).stdout)
+    assert front and all(r["problem"].endswith("float8_e4m3fn_full") and r["rel_error"] <= 0.3 for r in front)
+    times, errors = [r["median_ms"] for r in front], [r["rel_error"] for r in front]
+    assert times == sorted(times) and errors == sorted(errors, reverse=True) and len(set(errors)) == len(errors)
+
+    monkeypatch.setenv("FA_AUTOTUNE_DB", url)
+    dispatch.DISPATCHER.reset()
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn", causal=False)
+    for budget in (None, errors[-1], (errors[0] + errors[-1]) / 2):
+        choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, budget)
+        fits = [r for r in front if budget is None or r["rel_error"] <= budget]
+        assert choice.source == "pareto" and choice.config == KernelConfig.from_mapping(fits[0]["config"])
+    q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16) for _ in range(3))
+    out = api.attention_fp8(q, k, v, max_error=errors[-1])
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()

@@ -10,8 +10,8 @@ from fa_autotune.errors import DatabaseError
 from fa_autotune.problem import Problem
 from fa_autotune.store import connect, migrations, models
 from fa_autotune.store.db import schema_version
-from fa_autotune.store.queries import Filters, best, trials
-from fa_autotune.store.records import get_best, identities, record, reusable, set_best
+from fa_autotune.store.queries import Filters, best, pareto, trials
+from fa_autotune.store.records import get_best, identities, record, reusable, set_best, set_front
 from fa_autotune.target import GpuInfo, SoftwareInfo
 
 GPU = GpuInfo("NVIDIA Test GPU", "9.0", 132, 143000, "580")
@@ -97,3 +97,25 @@ def test_sqlite_under_a_file_is_an_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(DatabaseError):
         connect(f"sqlite:///{blocker / 'db.sqlite'}")
+
+
+def test_version_1_database_gains_the_pareto_table(db):
+    """A database written before FP8 tuning (schema 1, no fa_pareto) upgrades in place."""
+    ids = identities(db, PROBLEM, GPU, SW)
+    record(db, ids, KernelConfig(), "ok", median_ms=2.0)
+    with db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE fa_pareto"))
+        conn.execute(text("DELETE FROM fa_schema_version"))
+        conn.execute(models.SchemaVersionModel.__table__.insert().values(version=1))
+    db.dispose()
+    upgraded = connect(db.url)
+    assert schema_version(upgraded) == 2
+    fp8 = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    ids = identities(upgraded, fp8, GPU, SW)
+    fast, exact = KernelConfig(fp8_scaling="per_tensor", fp8_hadamard=False), KernelConfig()
+    set_front(upgraded, ids, [(fast, 1.0, 10.0, 0.2), (exact, 1.5, 7.0, 0.05)], 0.3, "s")
+    set_front(upgraded, ids, [(exact, 1.4, 7.5, 0.05)], 0.3, "s")  # a re-tune replaces the front
+    rows = pareto(upgraded)
+    assert [(r.config_name, r.median_ms) for r in rows] == [(exact.name, 1.4)]
+    with upgraded.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM fa_measurements")).scalar() == 1

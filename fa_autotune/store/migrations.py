@@ -15,7 +15,12 @@ from sqlalchemy.engine import Connection, Engine
 from ..errors import DatabaseError
 from . import models
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {}
+def _add_pareto_table(conn: Connection) -> None:
+    """Version 2: FP8 tuning stores each problem's time/error Pareto front."""
+    models.ParetoModel.__table__.create(conn, checkfirst=True)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _add_pareto_table}
 
 
 def upgrade(engine: Engine) -> int:

@@ -13,7 +13,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Optuna-style terminal states of one trial; only "ok" rows carry timings.
 STATUSES = ("ok", "invalid_config", "compile_error", "out_of_resources", "wrong_result", "timeout", "crashed")
 # Statuses that say something about the config itself, so a repeat can be answered from the
@@ -131,3 +131,28 @@ class BestModel(Base):
     config: Mapped[ConfigModel] = relationship()
     gpu: Mapped[GpuModel] = relationship()
     software: Mapped[SoftwareModel] = relationship()
+
+
+class ParetoModel(Base):
+    """One config on a problem's time/error Pareto front (FP8: where the accuracy a config
+    gives up buys speed), as its last tune found it; added in schema version 2."""
+
+    __tablename__ = "fa_pareto"
+    __table_args__ = (UniqueConstraint("problem_id", "gpu_id", "software_id", "config_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("fa_problems.id"), nullable=False, index=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("fa_gpus.id"), nullable=False)
+    software_id: Mapped[int] = mapped_column(ForeignKey("fa_software.id"), nullable=False)
+    config_id: Mapped[int] = mapped_column(ForeignKey("fa_configs.id"), nullable=False)
+    median_ms: Mapped[float] = mapped_column(Float, nullable=False)
+    tflops: Mapped[float] = mapped_column(Float, nullable=False)
+    rel_error: Mapped[float] = mapped_column(Float, nullable=False)
+    max_error: Mapped[float | None] = mapped_column(Float)  # the budget the front was built under
+    study_name: Mapped[str | None] = mapped_column(String(256))
+    decided_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+    problem: Mapped[ProblemModel] = relationship()
+    config: Mapped[ConfigModel] = relationship()
+    gpu: Mapped[GpuModel] = relationship()
+    software: Mapped[SoftwareModel] = relationship()
+

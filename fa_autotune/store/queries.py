@@ -11,7 +11,7 @@ from sqlalchemy import Select, select
 from ..config import KernelConfig
 from ..problem import Problem
 from .db import Database
-from .models import BestModel, ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel
+from .models import BestModel, ConfigModel, GpuModel, MeasurementModel, ParetoModel, ProblemModel, SoftwareModel
 
 
 @dataclass(frozen=True)
@@ -92,21 +92,53 @@ def problem_of(row: ProblemModel) -> Problem:
                    row.causal, row.causal_align)
 
 
+def _decided(db: Database, model, filters: Filters) -> list:
+    """Rows of a per-problem decision table (winners, Pareto fronts) with their problem,
+    config, GPU and software."""
+    stmt = (select(model, ProblemModel, ConfigModel, GpuModel, SoftwareModel)
+            .join(ProblemModel, model.problem_id == ProblemModel.id)
+            .join(ConfigModel, model.config_id == ConfigModel.id)
+            .join(GpuModel, model.gpu_id == GpuModel.id)
+            .join(SoftwareModel, model.software_id == SoftwareModel.id))
+    with db.session() as s:
+        return s.execute(filters.apply(stmt, with_status=False)).all()
+
+
 def best(db: Database, filters: Filters = Filters()) -> list[BestRow]:
     """The winner of every problem (per GPU and software stack), sorted by GPU and problem."""
-    stmt = (select(BestModel, ProblemModel, ConfigModel, GpuModel, SoftwareModel)
-            .join(ProblemModel, BestModel.problem_id == ProblemModel.id)
-            .join(ConfigModel, BestModel.config_id == ConfigModel.id)
-            .join(GpuModel, BestModel.gpu_id == GpuModel.id)
-            .join(SoftwareModel, BestModel.software_id == SoftwareModel.id))
-    stmt = filters.apply(stmt, with_status=False)
-    with db.session() as s:
-        rows = s.execute(stmt).all()
+    rows = _decided(db, BestModel, filters)
     out = [BestRow(g.name, g.capability, p.key, p.dtype, p.head_dim, p.causal, c.name, _config_dict(c.json),
                    b.median_ms, b.tflops, b.rel_error, b.ties, sw.triton, sw.torch, sw.template_hash, b.source,
                    _stamp(b.decided_at))
            for b, p, c, g, sw in rows]
     return sorted(out, key=lambda r: (r.gpu, r.problem, r.triton, r.template_hash))
+
+
+@dataclass(frozen=True)
+class ParetoRow:
+    gpu: str
+    problem: str
+    config_name: str
+    config: dict[str, Any]
+    fp8_scaling: str
+    fp8_hadamard: bool
+    median_ms: float
+    tflops: float
+    rel_error: float
+    max_error: float | None
+    triton: str
+    decided_at: str
+
+
+def pareto(db: Database, filters: Filters = Filters()) -> list[ParetoRow]:
+    """The stored time/error Pareto fronts (FP8 tuning), per GPU and problem, fastest first."""
+    out = []
+    for f, p, c, g, sw in _decided(db, ParetoModel, filters):
+        config = _config_dict(c.json)
+        out.append(ParetoRow(g.name, p.key, c.name, config, config.get("fp8_scaling", ""),
+                             bool(config.get("fp8_hadamard")), f.median_ms, f.tflops, f.rel_error, f.max_error,
+                             sw.triton, _stamp(f.decided_at)))
+    return sorted(out, key=lambda r: (r.gpu, r.problem, r.triton, r.median_ms))
 
 
 def trials(db: Database, filters: Filters = Filters(), limit: int | None = None) -> list[TrialRow]:

@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from ..config import KernelConfig
@@ -14,7 +14,8 @@ from ..problem import Problem
 from ..target import GpuInfo, SoftwareInfo
 from .db import Database
 from .models import (
-    REUSABLE_STATUSES, STATUSES, BestModel, ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel,
+    REUSABLE_STATUSES, STATUSES, BestModel, ConfigModel, GpuModel, MeasurementModel, ParetoModel, ProblemModel,
+    SoftwareModel,
 )
 
 
@@ -98,6 +99,18 @@ def set_best(db: Database, ids: Ids, config: KernelConfig, median_ms: float, tfl
         row.median_ms, row.tflops, row.rel_error, row.ties = median_ms, tflops, rel_error, ties
         row.study_name, row.source = study_name, source
         row.decided_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def set_front(db: Database, ids: Ids, front: list[tuple[KernelConfig, float, float, float]],
+              max_error: float | None, study_name: str | None) -> None:
+    """Replace the problem's stored Pareto front with ``front`` ((config, ms, TFLOPS, error) rows)."""
+    with db.session() as s:
+        s.execute(delete(ParetoModel).where(ParetoModel.problem_id == ids.problem, ParetoModel.gpu_id == ids.gpu,
+                                            ParetoModel.software_id == ids.software))
+        for config, ms, flops, err in front:
+            s.add(ParetoModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
+                              config_id=config_row(s, config).id, median_ms=ms, tflops=flops, rel_error=err,
+                              max_error=max_error, study_name=study_name))
 
 
 def get_best(db: Database, ids: Ids) -> tuple[KernelConfig, BestModel] | None:
