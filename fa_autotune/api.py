@@ -142,7 +142,7 @@ def attention_fp8(
         if dtype is None:
             raise InputError(f"fmt must be one of {sorted(FMT_OF_DTYPE.values())}, got {fmt!r}")
         problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
-        recipe = (scaling, hadamard) if scaling is not None and hadamard is not None else None
+        recipe = None if scaling is None and hadamard is None else (scaling, hadamard)
         chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
         inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
                               hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
@@ -170,12 +170,15 @@ def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recip
 
 
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
-    """``config`` if it can run these FP8 inputs; a dispatched one that cannot (its tiles
-    straddle the inputs' scaling blocks, TMA alignment) falls back to the FP8 default."""
-    candidates = [config]
-    if not explicit:
-        default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
-        candidates.append(default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard))
+    """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
+    attention()'s dispatch adapts: tiles shrunk into the inputs' scaling blocks, TMA dropped
+    for layouts it cannot read; the FP8 default, adapted alike, is the last resort."""
+    if explicit:
+        _check_fp8_config(config, problem, inputs)
+        return config
+    default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
+    default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
+    candidates = [config, _fit_fp8(config, inputs), _fit_fp8(default, inputs)]
     for candidate in candidates[:-1]:
         try:
             _check_fp8_config(candidate, problem, inputs)
@@ -184,6 +187,20 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
             continue
     _check_fp8_config(candidates[-1], problem, inputs)  # raises, naming the parameter
     return candidates[-1]
+
+
+def _fit_fp8(config: KernelConfig, inputs) -> KernelConfig:
+    """The same kernel with tiles inside the inputs' scaling blocks and without TMA where
+    the tensors' layout rules it out."""
+    block_m, block_n, access = config.BLOCK_M, config.BLOCK_N, config.access
+    if inputs.q_scale.shape[2] > 1 and inputs.q_scale.stride(2):
+        block_m = min(block_m, inputs.block_q)
+    if inputs.k_scale.shape[2] > 1 and inputs.k_scale.stride(2):
+        block_n = min(block_n, inputs.block_k)
+    if access == "tensor_desc" and not tma_compatible(inputs.q, inputs.k, inputs.v.transpose(2, 3)):
+        access = "block_ptr"
+    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n, access=access,
+                        warp_specialize=config.warp_specialize and access == "tensor_desc")
 
 
 def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:

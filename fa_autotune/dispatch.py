@@ -20,6 +20,7 @@ from .config import KernelConfig
 from .defaults import default_for
 from .errors import FaAutotuneError
 from .problem import Problem, distance
+from .reference import TOLERANCE
 from .target import GpuInfo, detect_gpu, interpreter_gpu
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self._choices: dict[tuple[Problem, str, int], Choice] = {}
         self._tables: dict[tuple[str, int], list[_Table]] = {}
-        self._fronts: dict[tuple[str, int], tuple[list[_FrontPoint], str]] = {}
+        self._fronts: dict[tuple[str, int], list[_FrontPoint]] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
 
@@ -74,11 +75,12 @@ class Dispatcher:
         return choice
 
     def choose_fp8(self, problem: Problem, device_type: str, device_index: int, max_error: float | None = None,
-                   recipe: tuple[str, bool] | None = None) -> Choice:
+                   recipe: tuple[str | None, bool | None] | None = None) -> Choice:
         """FP8: the fastest config on the stored time/error Pareto front of this problem (else
-        of the nearest tuned one) whose error is within ``max_error`` and, for inputs
-        already quantized, whose recipe (fp8_scaling, fp8_hadamard) is theirs; otherwise
-        what :meth:`choose` gives, with that recipe."""
+        of the nearest tuned one) whose error is within ``max_error`` (default: the format's
+        tolerance) and whose recipe (fp8_scaling, fp8_hadamard; None parts match any) is
+        ``recipe``. A budget no front config meets gets the most accurate one, with a
+        warning; without a front, what :meth:`choose` gives, with that recipe."""
         key = (problem, device_type, device_index, max_error, recipe)
         choice = self._choices.get(key)
         if choice is None:
@@ -89,24 +91,38 @@ class Dispatcher:
 
     def _resolve_fp8(self, problem, device_type, device_index, max_error, recipe) -> Choice:
         gpu = gpu_of(device_type, device_index)
+        budget = TOLERANCE[problem.dtype] if max_error is None else max_error
         if os.environ.get("FA_AUTOTUNE_DISABLE_TUNED", "") in ("", "0"):
             key = (device_type, device_index)
             if key not in self._fronts:
-                self._fronts[key] = _database_fronts(gpu, self._warn_once)
-            points, origin = self._fronts[key]
-            fits = [p for p in points if (max_error is None or p.rel_error <= max_error)
-                    and (recipe is None or (p.config.fp8_scaling, p.config.fp8_hadamard) == recipe)]
-            by_distance = sorted({(0.0 if p.problem == problem else distance(problem, p.problem), p.problem.key)
-                                  for p in fits})
-            if by_distance and math.isfinite(by_distance[0][0]):
-                d, matched = by_distance[0]
-                best = min((p for p in fits if p.problem.key == matched), key=lambda p: (p.median_ms, p.rel_error))
-                return Choice(best.config, "pareto", best.problem, d, origin)
+                self._fronts[key] = self._load_fronts(gpu)
+            front = _nearest_front([p for p in self._fronts[key] if _recipe_matches(p.config, recipe)], problem)
+            fits = [p for p in front if p.rel_error <= budget]
+            if fits:
+                best = min(fits, key=lambda p: (p.median_ms, p.rel_error))
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), best.origin)
+            if front and max_error is not None:
+                best = min(front, key=lambda p: (p.rel_error, p.median_ms))
+                self._warn_once(f"no tuned FP8 config of {problem.key} is within max_error={max_error} "
+                                f"(the most accurate measured {best.rel_error:.3g}); running that one")
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), best.origin)
+        if max_error is not None:
+            self._warn_once(f"no FP8 Pareto front tuned for {problem.key} on {gpu.name}: its error under "
+                            f"max_error={max_error} is unknown (`fa-autotune tune --dtype fp8 --max-error` measures it)")
         base = self.choose(problem, device_type, device_index)
         if recipe is None:
             return base
-        return Choice(base.config.with_(fp8_scaling=recipe[0], fp8_hadamard=recipe[1]), base.source, base.matched,
-                      base.distance, base.origin)
+        changes = {k: v for k, v in zip(("fp8_scaling", "fp8_hadamard"), recipe) if v is not None}
+        return Choice(base.config.with_(**changes), base.source, base.matched, base.distance, base.origin)
+
+    def _load_fronts(self, gpu: GpuInfo) -> list[_FrontPoint]:
+        """FP8 fronts along the same chain as winners: the database, then exported files,
+        then shipped ones; a problem's front comes from the first source that has it."""
+        points = _database_fronts(gpu, self._warn_once)
+        for directory in [*_config_dirs(), _shipped_dir()]:
+            known = {p.problem.key for p in points}
+            points += [p for p in _file_fronts(directory, gpu, self._warn_once) if p.problem.key not in known]
+        return points
 
     def reset(self) -> None:
         """Forget everything read so far (after a tune or an import in this process)."""
@@ -174,22 +190,38 @@ def _same_gpu(a: GpuInfo, b: GpuInfo) -> bool:
     return a.slug == b.slug and a.capability == b.capability
 
 
-def _file_tables(directory: Path, gpu: GpuInfo, source: str, warn) -> list[_Table]:
+def _load_file(directory: Path, gpu: GpuInfo, warn):
+    """This GPU's exported file in ``directory``, or None (absent, or bad: warned)."""
     from . import export
 
     path = directory / export.file_name(gpu)
     if not path.is_file():
-        return []
+        return None
     try:
         loaded = export.load(path)
     except FaAutotuneError as exc:  # a bad file must not break attention(): skip it, loudly
         warn(f"ignoring {exc}")
-        return []
+        return None
     if not _same_gpu(loaded.gpu, gpu):
         warn(f"ignoring {path}: it was tuned on {loaded.gpu.name} (sm_{loaded.gpu.capability})")
+        return None
+    return loaded
+
+
+def _file_tables(directory: Path, gpu: GpuInfo, source: str, warn) -> list[_Table]:
+    loaded = _load_file(directory, gpu, warn)
+    if loaded is None:
         return []
     entries = tuple((e.problem, e.config) for e in loaded.entries.values())
-    return [_Table(source, str(path), entries)]
+    return [_Table(source, loaded.path, entries)]
+
+
+def _file_fronts(directory: Path, gpu: GpuInfo, warn) -> list["_FrontPoint"]:
+    loaded = _load_file(directory, gpu, warn)
+    if loaded is None:
+        return []
+    return [_FrontPoint(e.problem, p.config, p.median_ms, p.rel_error, loaded.path)
+            for e in loaded.entries.values() for p in e.pareto]
 
 
 def _query_database(gpu: GpuInfo, warn, what: str, model) -> tuple[list, str]:
@@ -252,21 +284,37 @@ class _FrontPoint:
     config: KernelConfig
     median_ms: float
     rel_error: float
+    origin: str  # database URL or file path
 
 
-def _database_fronts(gpu: GpuInfo, warn) -> tuple[list[_FrontPoint], str]:
-    """The stored FP8 Pareto fronts on this GPU, per problem the newest (this Triton first)."""
+def _database_fronts(gpu: GpuInfo, warn) -> list[_FrontPoint]:
+    """The stored FP8 Pareto fronts on this GPU: per problem, the newest front (one software
+    stack's; this Triton version's over others)."""
     from .store.models import ParetoModel
     from .store.queries import problem_of
 
     rows, url = _query_database(gpu, warn, "Pareto fronts", ParetoModel)
-    fronts: dict[str, dict[KernelConfig, _FrontPoint]] = {}
-    for point, prob, cfg, _ in _this_triton_last(rows):
+    ordered = _this_triton_last(rows)
+    newest = {prob.key: point.software_id for point, prob, _, _ in ordered}
+    points = []
+    for point, prob, cfg, _ in ordered:
         config = KernelConfig.from_stored(cfg.json)
-        if config is not None:
-            fronts.setdefault(prob.key, {})[config] = _FrontPoint(problem_of(prob), config, point.median_ms,
-                                                                  point.rel_error)
-    return [p for front in fronts.values() for p in front.values()], url
+        if config is not None and point.software_id == newest[prob.key]:
+            points.append(_FrontPoint(problem_of(prob), config, point.median_ms, point.rel_error, url))
+    return points
+
+
+def _nearest_front(points: list[_FrontPoint], problem: Problem) -> list[_FrontPoint]:
+    """The points of the tuned problem nearest to ``problem`` (itself first)."""
+    ranked = sorted({(distance(problem, p.problem), p.problem.key) for p in points})
+    if not ranked or not math.isfinite(ranked[0][0]):
+        return []
+    return [p for p in points if p.problem.key == ranked[0][1]]
+
+
+def _recipe_matches(config: KernelConfig, recipe: tuple | None) -> bool:
+    return recipe is None or all(want is None or have == want for have, want in
+                                 zip((config.fp8_scaling, config.fp8_hadamard), recipe))
 
 
 DISPATCHER = Dispatcher()

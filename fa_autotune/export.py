@@ -26,6 +26,16 @@ FAMILY = "attn_fwd"
 
 
 @dataclass(frozen=True)
+class FrontPoint:
+    """One config of an FP8 problem's time/error Pareto front."""
+
+    config: KernelConfig
+    median_ms: float
+    tflops: float
+    rel_error: float
+
+
+@dataclass(frozen=True)
 class Entry:
     problem: Problem
     config: KernelConfig
@@ -33,6 +43,7 @@ class Entry:
     tflops: float
     rel_error: float | None
     software: SoftwareInfo
+    pareto: tuple[FrontPoint, ...] = ()  # FP8 entries: the stored front, fastest first
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,9 @@ def export(db, out_dir: str | Path, gpu_filter: str | None = None) -> list[Path]
                 "median_ms": best.median_ms, "tflops": best.tflops, "rel_error": best.rel_error,
                 "software": SoftwareInfo(sw.triton, sw.torch, sw.cuda, sw.fa_autotune, sw.template_hash).to_dict(),
             }
+            front = _front_rows(s, best)
+            if front:
+                files["entries"][prob.key]["pareto"] = front
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -85,6 +99,20 @@ def export(db, out_dir: str | Path, gpu_filter: str | None = None) -> list[Path]
         path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
         paths.append(path)
     return sorted(paths)
+
+
+def _front_rows(session, best) -> list[dict[str, Any]]:
+    """The stored Pareto front of a winner's problem, GPU and software, fastest first."""
+    from .store.models import ConfigModel, ParetoModel
+
+    rows = session.execute(select(ParetoModel, ConfigModel).join(ConfigModel, ParetoModel.config_id == ConfigModel.id)
+                           .where(ParetoModel.problem_id == best.problem_id, ParetoModel.gpu_id == best.gpu_id,
+                                  ParetoModel.software_id == best.software_id)).all()
+    points = [(KernelConfig.from_stored(c.json), p) for p, c in rows]
+    return [{"config": json.loads(config.canonical_json()), "median_ms": p.median_ms, "tflops": p.tflops,
+             "rel_error": p.rel_error}
+            for config, p in sorted((x for x in points if x[0] is not None),
+                                    key=lambda x: (x[1].median_ms, x[0].canonical_json()))]
 
 
 # ------------------------------------------------------------------ reading
@@ -160,7 +188,28 @@ def _entry(path: Path, key: str, raw: Any) -> Entry:
     names = ("triton", "torch", "cuda", "fa_autotune", "template_hash")
     if not isinstance(sw, dict) or set(sw) != set(names) or not all(isinstance(sw[n], str) for n in names):
         raise ConfigFileError(f"{where}: software must have string fields {list(names)}")
-    return Entry(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, SoftwareInfo(**sw))
+    return Entry(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, SoftwareInfo(**sw),
+                 _front(where, raw.get("pareto", [])))
+
+
+def _front(where: str, raw: Any) -> tuple[FrontPoint, ...]:
+    if not isinstance(raw, list):
+        raise ConfigFileError(f"{where}: pareto must be a list of points")
+    points = []
+    for i, point in enumerate(raw):
+        here = f"{where}.pareto[{i}]"
+        if not isinstance(point, dict) or set(point) != {"config", "median_ms", "tflops", "rel_error"}:
+            raise ConfigFileError(f"{here} must have exactly config, median_ms, tflops, rel_error")
+        try:
+            config = KernelConfig.from_mapping(point["config"])
+        except (ConfigError, TypeError) as exc:
+            raise ConfigFileError(f"{here}: {exc}") from None
+        for name in ("median_ms", "tflops", "rel_error"):
+            value = point[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigFileError(f"{here}: {name} must be a non-negative number, got {value!r}")
+        points.append(FrontPoint(config, float(point["median_ms"]), float(point["tflops"]), float(point["rel_error"])))
+    return tuple(points)
 
 
 # ------------------------------------------------------------------ importing
@@ -186,5 +235,21 @@ def import_files(db, paths: list[str | Path]) -> int:
                 row.config_id = config_id
                 row.median_ms, row.tflops, row.rel_error = entry.median_ms, entry.tflops, entry.rel_error
                 row.ties, row.study_name, row.source = 1, None, "import"
+                if entry.pareto:
+                    _import_front(s, entry.pareto, problem_id, gpu_id, software_id)
                 count += 1
     return count
+
+
+def _import_front(session, front: tuple[FrontPoint, ...], problem_id: int, gpu_id: int, software_id: int) -> None:
+    from sqlalchemy import delete
+
+    from .store.models import ParetoModel
+    from .store.records import config_row
+
+    session.execute(delete(ParetoModel).where(ParetoModel.problem_id == problem_id, ParetoModel.gpu_id == gpu_id,
+                                              ParetoModel.software_id == software_id))
+    for point in front:
+        session.add(ParetoModel(problem_id=problem_id, gpu_id=gpu_id, software_id=software_id,
+                                config_id=config_row(session, point.config).id, median_ms=point.median_ms,
+                                tflops=point.tflops, rel_error=point.rel_error, study_name=None))

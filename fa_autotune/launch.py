@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     import torch
 
 _TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
+# Lazy rescaling lets P reach 2**rescale_threshold before P is cast to V's dtype: the largest
+# threshold whose power of two each narrow format still holds (fp16 65504, e4m3 448, e5m2 57344).
+_RESCALE_LIMIT = {"float16": 15, "float8_e4m3fn": 8, "float8_e5m2": 15}
 
 
 def check_config(config: KernelConfig, problem: Problem, *tensors: "torch.Tensor") -> None:
@@ -31,6 +34,10 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: "torch.Tensor
         _check_warp_specialize(config, problem, capability)
     if problem.is_fp8:
         _check_fp8(config, capability, *tensors)
+    limit = _RESCALE_LIMIT.get(problem.dtype)
+    if limit is not None and config.rescale_threshold > limit:
+        raise ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
+                          f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
 
 
 def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:

@@ -196,11 +196,11 @@ class Tuner:
             current = upcoming
         outcome.trials = _distinct(study)
         known = _study_winner(study) if outcome.new_trials == 0 else None
-        if known is not None:  # nothing new since the winner was picked: keep it
+        if problem.is_fp8:  # no re-timing: rebuilt every run, so a new --max-error takes effect
+            self._pick_front(study, problem, ids, outcome)
+        elif known is not None:  # nothing new since the winner was picked: keep it
             outcome.best, outcome.best_ms, outcome.ties = known
             outcome.best_tflops = tflops(problem, outcome.best_ms)
-        elif problem.is_fp8:
-            self._pick_front(study, problem, ids, outcome)
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
@@ -284,8 +284,7 @@ class Tuner:
             self._finish(study, trial, ids, config, compiled.status, outcome, started,
                          message=compiled.error, compile_seconds=compiled.seconds)
             return
-        job = Job(config, problem, rep_ms=self.options.search_rep_ms, max_error=self.options.max_error)
-        result = worker.run(job, self.options.trial_timeout)
+        result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
         self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
                      compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
 
@@ -352,11 +351,11 @@ class Tuner:
         front = pareto_front(_study_points(study, self.options.max_error))
         if not front:
             return
-        set_front(self.db, ids, [(c, ms, tflops(problem, ms), err) for c, ms, err in front], self.options.max_error,
-                  outcome.study_name)
         within = [point for point in front if point[2] <= TOLERANCE[problem.dtype]]
         winner, ms, err = within[0] if within else front[-1]
         if self.options.record_best:
+            set_front(self.db, ids, [(c, ms, tflops(problem, ms), err) for c, ms, err in front],
+                      self.options.max_error, outcome.study_name)
             set_best(self.db, ids, winner, ms, tflops(problem, ms), err, 1, outcome.study_name)
         study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": ms, "ties": 1})
         outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = winner, ms, tflops(problem, ms), 1

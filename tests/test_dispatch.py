@@ -265,3 +265,59 @@ def test_borrowed_config_that_cannot_run_degrades(isolated):
     info = fa_autotune.explain(q, k, v, causal=True)
     assert info["source"] == "shipped" and info["config"] == ws.with_(warp_specialize=False).to_dict()
     assert_close_to_reference(fa_autotune.attention(q, k, v, causal=True), q, k, v, causal=True)
+
+
+def test_fp8_dispatch_reads_only_the_newest_front(tmp_path, monkeypatch):
+    """A re-tune on a newer software stack replaces the front the dispatcher uses; points
+    of the older front (here a faster, less accurate one) no longer count."""
+    from fa_autotune.store import connect
+    from fa_autotune.store.records import identities, set_front
+
+    url = f"sqlite:///{tmp_path / 'fronts.sqlite'}"
+    monkeypatch.setenv("FA_AUTOTUNE_DB", url)
+    db = connect(url)
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    old_fast = KernelConfig(BLOCK_M=32, BLOCK_N=32, fp8_scaling="per_tensor", fp8_hadamard=False)
+    new = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    for sw, front in ((SoftwareInfo("3.6.0", "2.13", "", "0.1.0", "old"), [(old_fast, 1.0, 9.0, 0.08)]),
+                      (SoftwareInfo("3.6.0", "2.13", "", "0.1.0", "new"), [(new, 1.5, 6.0, 0.04)])):
+        set_front(db, identities(db, problem, interpreter_gpu(), sw), front, None, "s")
+    db.dispose()
+    dispatch.DISPATCHER.reset()
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.1).config == new
+    # A recipe no front point has falls back to the general chain, with that recipe.
+    choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, recipe=("per_head", None))
+    assert choice.source != "pareto" and choice.config.fp8_scaling == "per_head"
+    dispatch.DISPATCHER.reset()
+
+
+def test_fp8_fronts_travel_in_exported_files(tmp_path, monkeypatch):
+    """export writes an FP8 problem's front beside its winner, import restores it, and the
+    dispatcher reads it from FA_AUTOTUNE_CONFIG_DIR with no database at all."""
+    from fa_autotune.store import connect
+    from fa_autotune.store.queries import pareto
+    from fa_autotune.store.records import identities, set_best, set_front
+
+    db = connect(f"sqlite:///{tmp_path / 'tuned.sqlite'}")
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    fast = KernelConfig(BLOCK_M=32, BLOCK_N=32, fp8_scaling="per_tensor", fp8_hadamard=False)
+    accurate = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    ids = identities(db, problem, interpreter_gpu(), SW)
+    set_front(db, ids, [(fast, 1.0, 9.0, 0.12), (accurate, 1.5, 6.0, 0.04)], 0.3, "s")
+    set_best(db, ids, accurate, 1.5, 6.0, 0.04, 1, "s")
+    out = tmp_path / "exported"
+    (path,) = export.export(db, out)
+    entry = json.loads(path.read_text())["entries"][problem.key]
+    assert [p["rel_error"] for p in entry["pareto"]] == [0.12, 0.04]
+
+    fresh = connect(f"sqlite:///{tmp_path / 'fresh.sqlite'}")
+    assert export.import_files(fresh, [path]) == 1
+    assert [r.config_name for r in pareto(fresh)] == [fast.name, accurate.name]
+
+    monkeypatch.setenv("FA_AUTOTUNE_CONFIG_DIR", str(out))
+    dispatch.DISPATCHER.reset()
+    choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.2)
+    assert (choice.config, choice.source, choice.origin) == (fast, "pareto", str(path))
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.05).config == accurate
+    # No budget named: e4m3's tolerance (0.1) rules out the faster point's 0.12.
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0).config == accurate

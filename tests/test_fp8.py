@@ -50,6 +50,15 @@ def test_bottom_right_gqa_and_default_config(device):
     assert _error(attention_fp8(q, k, v), q, k, v) <= TOLERANCE["float8_e4m3fn"]
 
 
+def test_dispatched_config_adapts_to_small_scaling_blocks(device):
+    """The default FP8 tiles (128 rows) shrink into 64-row scaling blocks instead of failing."""
+    q, k, v = make_qkv(1, 2, 2, 256, 256, 64, torch.float16, device)
+    x = quantize_fp8(q, k, v, scaling="per_block", block_q=64, block_k=64)
+    assert _error(attention_fp8(x, out_dtype=torch.float16), q, k, v) <= TOLERANCE["float8_e4m3fn"]
+    out = attention_fp8(q, k, v, scaling="per_block", block_q=64, block_k=64)
+    assert _error(out, q, k, v) <= TOLERANCE["float8_e4m3fn"]
+
+
 def _with_outlier_channels(q, k, channels=(3, 17, 40, 61), factor=20.0):
     """A few channels of Q and K scaled x20, like the outlier features of LLM activations."""
     q, k = q.clone(), k.clone()
@@ -82,6 +91,7 @@ def test_plain_attention_refuses_fp8_tensors(device):
     ({"q_tiles": 2, "BLOCK_M": 16, "BLOCK_N": 32}, "q_tiles"),
     ({"BLOCK_M": 64, "BLOCK_N": 32}, "BLOCK_M"),  # straddles the 32-row Q scaling blocks
     ({"BLOCK_M": 32, "BLOCK_N": 64}, "BLOCK_N"),
+    ({"BLOCK_M": 32, "BLOCK_N": 32, "rescale_threshold": 9}, "rescale_threshold"),  # P up to 512 > e4m3's 448
 ])
 def test_unusable_configs_name_the_parameter(device, config, parameter):
     q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)

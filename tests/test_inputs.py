@@ -66,6 +66,10 @@ def test_bad_causal_arguments():
         ({"causal_mode": "none"}, "causal_mode"),
         ({"num_splits": 4}, "num_splits"),
         ({"q_tiles": 3}, "q_tiles"),
+        ({"rescale_threshold": 16}, "rescale_threshold"),  # P up to 2**16 overflows fp16
+        ({"tile_order": "diagonal"}, "tile_order"),
+        ({"loop_order": "kv_outer", "persistent": 1}, "persistent"),
+        ({"maxnreg": 100}, "maxnreg"),
         ({"loop_order": "kv_outer", "warp_specialize": True}, "warp_specialize"),
         ({"warp_specialize": 1}, "warp_specialize"),
         ({"loop_order": "split_kv", "num_splits": 2, "warp_specialize": True}, "warp_specialize"),
