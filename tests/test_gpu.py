@@ -150,3 +150,41 @@ def test_shipped_h200_configs_are_used(monkeypatch, tmp_path):
     info = fa_autotune.explain(q, k, v, causal=True)
     assert info["source"] == "shipped" and info["distance"] > 0  # nearest tuned problem
     dispatch.DISPATCHER.reset()
+
+
+STRUCTURE = {
+    "two-q-tiles-tma": dict(access="tensor_desc", BLOCK_M=64, BLOCK_N=64, q_tiles=2, num_stages=2),
+    "lazy-poly-ptr": dict(access="pointer", rescale_threshold=8, exp2_poly=True),
+    "persistent-head-tma": dict(access="tensor_desc", persistent=2, tile_order="head", num_stages=2),
+    "w8-maxnreg": dict(access="pointer", num_warps=8, maxnreg=128),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", list(STRUCTURE))
+@pytest.mark.parametrize("shape", ["causal-gqa-1000-d128", "causal-br-q300-k2000-d80"])
+def test_structure_knobs(name, shape, dtype):
+    if not HOPPER and STRUCTURE[name].get("access") == "tensor_desc":
+        pytest.skip("tensor descriptors need sm_90")
+    b, hq, hkv, nq, nk, d, causal, align = SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out = attention(q, k, v, causal=causal, causal_align=align, config=STRUCTURE[name])
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_head", "per_block"])
+@pytest.mark.parametrize("access", ["tensor_desc", "pointer"])
+def test_fp8_modes(fmt, scaling, access):
+    """Each FP8 recipe against float32 on the unquantized inputs, with FP8 tensor cores."""
+    from fa_autotune import attention_fp8
+    from fa_autotune.reference import TOLERANCE, compare, reference_attention
+
+    if not HOPPER and access == "tensor_desc":
+        pytest.skip("tensor descriptors need sm_90")
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.float16, "cuda")
+    out = attention_fp8(q, k, v, causal=True, scaling=scaling, hadamard=True, fmt=fmt,
+                        config=dict(access=access, BLOCK_N=128, num_warps=8, num_stages=2))
+    ref, _ = reference_attention(q, k, v, causal=True)
+    report = compare(out.float(), ref)
+    assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn" if fmt == "e4m3" else "float8_e5m2"]
