@@ -136,6 +136,8 @@ def attention_fp8(
             raise InputError("pass either one Fp8Inputs or q, k, v, not both")
         inputs, source_dtype = q, None
         problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
+        if not problem.is_fp8:
+            raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")
         chosen = _fp8_choice(problem, q.q.device, config, max_error, (q.scaling, q.hadamard))
     else:
         dtype = {fmt_: name for name, fmt_ in FMT_OF_DTYPE.items()}.get(fmt)
@@ -152,9 +154,6 @@ def attention_fp8(
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise InputError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
     q8, k8, v8 = inputs.q, inputs.k, inputs.v
-    problem = problem_from_tensors(q8, k8, v8, causal=causal, causal_align=causal_align)
-    if not problem.is_fp8:
-        raise InputError(f"Fp8Inputs hold {q8.dtype} tensors, not float8_e4m3fn / float8_e5m2")
     _check_scales(inputs, problem)
     chosen = _fp8_usable(chosen, problem, inputs, explicit=config is not None)
     out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
@@ -171,36 +170,29 @@ def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recip
 
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
     """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
-    attention()'s dispatch adapts: tiles shrunk into the inputs' scaling blocks, TMA dropped
-    for layouts it cannot read; the FP8 default, adapted alike, is the last resort."""
+    attention()'s dispatch adapts (:func:`_adapt`), after its tiles shrink into the inputs'
+    scaling blocks; the FP8 default, adapted alike, is the last resort."""
     if explicit:
         _check_fp8_config(config, problem, inputs)
         return config
     default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
     default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
-    candidates = [config, _fit_fp8(config, inputs), _fit_fp8(default, inputs)]
-    for candidate in candidates[:-1]:
-        try:
-            _check_fp8_config(candidate, problem, inputs)
-            return candidate
-        except ConfigError:
-            continue
-    _check_fp8_config(candidates[-1], problem, inputs)  # raises, naming the parameter
-    return candidates[-1]
+    for candidate in (config, default):
+        fitted = _adapt(_within_scale_blocks(candidate, inputs), problem, inputs.q, inputs.k, inputs.v)
+        if fitted is not None:
+            return fitted
+    _check_fp8_config(default, problem, inputs)  # raises, naming the parameter
+    return default
 
 
-def _fit_fp8(config: KernelConfig, inputs) -> KernelConfig:
-    """The same kernel with tiles inside the inputs' scaling blocks and without TMA where
-    the tensors' layout rules it out."""
-    block_m, block_n, access = config.BLOCK_M, config.BLOCK_N, config.access
+def _within_scale_blocks(config: KernelConfig, inputs) -> KernelConfig:
+    """The same kernel with tiles no larger than the inputs' per-block scaling blocks."""
+    block_m, block_n = config.BLOCK_M, config.BLOCK_N
     if inputs.q_scale.shape[2] > 1 and inputs.q_scale.stride(2):
         block_m = min(block_m, inputs.block_q)
     if inputs.k_scale.shape[2] > 1 and inputs.k_scale.stride(2):
         block_n = min(block_n, inputs.block_k)
-    if access == "tensor_desc" and not tma_compatible(inputs.q, inputs.k, inputs.v.transpose(2, 3)):
-        access = "block_ptr"
-    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n, access=access,
-                        warp_specialize=config.warp_specialize and access == "tensor_desc")
+    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n)
 
 
 def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
@@ -236,7 +228,7 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
 def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
     """``config``, or the same tiles without TMA / warp specialization, if these tensors
     need that; None if neither can run them."""
-    if config.access == "tensor_desc" and not tma_compatible(q, k, v):
+    if config.access == "tensor_desc" and not tma_compatible(problem, q, k, v):
         config = config.with_(access="block_ptr", warp_specialize=False)
     for candidate in (config, config.with_(warp_specialize=False)):
         try:

@@ -26,9 +26,7 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: "torch.Tensor
     if config.access == "tensor_desc":
         if capability is not None and capability < (9, 0):
             raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
-        for name, t in zip("qkv", tensors):
-            if name == "v" and problem.is_fp8:
-                t = t.transpose(2, 3)  # FP8 V is read as [D, N] tiles (sequence contiguous)
+        for name, t in zip("qkv", _tma_views(problem, *tensors)):
             _check_tma_layout(name, t)
     if config.warp_specialize:
         _check_warp_specialize(config, problem, capability)
@@ -87,10 +85,15 @@ def _check_tma_layout(name: str, t: "torch.Tensor") -> None:
         raise ConfigError("access", f"'tensor_desc' needs {name} to start on a 16-byte boundary")
 
 
-def tma_compatible(*tensors: "torch.Tensor") -> bool:
-    """Whether every tensor meets TMA's layout rules (so a dispatched TMA config can run them)."""
+def _tma_views(problem: Problem, q, k, v) -> tuple:
+    """The tensors as the TMA descriptors read them: FP8 V as [D, N] tiles (sequence contiguous)."""
+    return (q, k, v.transpose(2, 3)) if problem.is_fp8 else (q, k, v)
+
+
+def tma_compatible(problem: Problem, q, k, v) -> bool:
+    """Whether q, k, v meet TMA's layout rules (so a dispatched TMA config can run them)."""
     try:
-        for t in tensors:
+        for t in _tma_views(problem, q, k, v):
             _check_tma_layout("tensor", t)
     except ConfigError:
         return False

@@ -164,11 +164,12 @@ STRUCTURE = {
 @pytest.mark.parametrize("name", list(STRUCTURE))
 @pytest.mark.parametrize("shape", ["causal-gqa-1000-d128", "causal-br-q300-k2000-d80"])
 def test_structure_knobs(name, shape, dtype):
-    if not HOPPER and STRUCTURE[name].get("access") == "tensor_desc":
-        pytest.skip("tensor descriptors need sm_90")
+    config = STRUCTURE[name]
+    if _needs_hopper(config) and not HOPPER:
+        config = dict(config, access="block_ptr")
     b, hq, hkv, nq, nk, d, causal, align = SHAPES[shape]
     q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
-    out = attention(q, k, v, causal=causal, causal_align=align, config=STRUCTURE[name])
+    out = attention(q, k, v, causal=causal, causal_align=align, config=config)
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align)
 
 
@@ -180,8 +181,8 @@ def test_fp8_modes(fmt, scaling, access):
     from fa_autotune import attention_fp8
     from fa_autotune.reference import TOLERANCE, compare, reference_attention
 
-    if not HOPPER and access == "tensor_desc":
-        pytest.skip("tensor descriptors need sm_90")
+    if access == "tensor_desc" and not HOPPER:
+        access = "block_ptr"
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, torch.float16, "cuda")
     out = attention_fp8(q, k, v, causal=True, scaling=scaling, hadamard=True, fmt=fmt,
                         config=dict(access=access, BLOCK_N=128, num_warps=8, num_stages=2))

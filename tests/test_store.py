@@ -11,7 +11,7 @@ from fa_autotune.problem import Problem
 from fa_autotune.store import connect, migrations, models
 from fa_autotune.store.db import schema_version
 from fa_autotune.store.queries import Filters, best, pareto, trials
-from fa_autotune.store.records import get_best, identities, record, reusable, set_best, set_front
+from fa_autotune.store.records import identities, record, reusable, set_best, set_front
 from fa_autotune.target import GpuInfo, SoftwareInfo
 
 GPU = GpuInfo("NVIDIA Test GPU", "9.0", 132, 143000, "580")
@@ -44,7 +44,7 @@ def test_record_reuse_and_best(db):
     set_best(db, ids, cfg.with_(BLOCK_N=32), 1.3, 12.0, 1e-3, 2, "s")  # replaces, never duplicates
     rows = best(db)
     assert len(rows) == 1 and rows[0].config["BLOCK_N"] == 32 and rows[0].ties == 2
-    assert get_best(db, ids)[0] == cfg.with_(BLOCK_N=32)
+    assert KernelConfig.from_mapping(best(db)[0].config) == cfg.with_(BLOCK_N=32)
     assert [r.status for r in trials(db, Filters(status="ok"))] == ["ok"]
     with pytest.raises(ValueError):
         record(db, ids, cfg, "exploded")

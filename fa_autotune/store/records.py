@@ -111,11 +111,3 @@ def set_front(db: Database, ids: Ids, front: list[tuple[KernelConfig, float, flo
             s.add(ParetoModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
                               config_id=config_row(s, config).id, median_ms=ms, tflops=flops, rel_error=err,
                               max_error=max_error, study_name=study_name))
-
-
-def get_best(db: Database, ids: Ids) -> tuple[KernelConfig, BestModel] | None:
-    """The recorded winner for this problem, GPU and software, if any."""
-    with db.session() as s:
-        row = s.scalar(select(BestModel).filter_by(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software))
-        config = KernelConfig.from_stored(row.config.json) if row is not None else None
-        return (config, row) if config is not None else None
