@@ -174,17 +174,16 @@ def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple
 def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
     import torch
 
-    from .bench import random_inputs
+    from .bench import kernel_inputs
     from .errors import ConfigError
-    from .launch import allocate_outputs, check_config, resolve_scale
+    from .launch import allocate_outputs, resolve_scale
 
     start = time.perf_counter()
-    q, k, v = random_inputs(problem, "cuda", seed=0)
-    out, _ = allocate_outputs(q, problem, return_lse=False)
-    try:
-        check_config(config, problem, q, k, v)
+    try:  # the timing run's inputs (FP8: quantized, V sequence-contiguous, with scales)
+        (q, k, v), scales, _ = kernel_inputs(config, problem, "cuda", seed=0)
+        out, _ = allocate_outputs(q, problem, return_lse=False)
         kernels = load_module(config).launch(q, k, v, out, None, resolve_scale(None, problem.head_dim),
-                                             problem.causal_offset, problem.causal, warmup=True)
+                                             problem.causal_offset, problem.causal, warmup=True, scales=scales)
     except ConfigError as exc:
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     except Exception as exc:  # compiler failures are data for the tuner

@@ -111,8 +111,8 @@ def attention_fp8(
     scaling: str | None = None,
     hadamard: bool | None = None,
     fmt: str = "e4m3",
-    block_q: int = 128,
-    block_k: int = 128,
+    block_q: int | None = None,
+    block_k: int | None = None,
     causal_align: str = "top_left",
     out_dtype: torch.dtype | None = None,
     return_lse: bool = False,
@@ -122,12 +122,13 @@ def attention_fp8(
     the fastest tuned config whose measured error (relative, against float32) is within
     ``max_error`` (`fa-autotune tune --dtype fp8` stores each problem's time/error Pareto
     front); its quantization recipe (fp8_scaling, fp8_hadamard) is used unless ``scaling`` /
-    ``hadamard`` say otherwise; ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them.
+    ``hadamard`` say otherwise; ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
+    (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
     fp16/bf16, else bfloat16); otherwise as :func:`attention`.
     """
-    from .quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8
+    from .quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 
     if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
         raise InputError(f"max_error must be a positive number, got {max_error!r}")
@@ -146,9 +147,11 @@ def attention_fp8(
         problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
         recipe = None if scaling is None and hadamard is None else (scaling, hadamard)
         chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
+        tiles = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
         inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
                               hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
-                              block_q=block_q, block_k=block_k)
+                              block_q=tiles[0] if block_q is None else block_q,
+                              block_k=tiles[1] if block_k is None else block_k, check_finite=False)
         source_dtype = q.dtype
     out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
     if out_dtype not in (torch.float16, torch.bfloat16):

@@ -68,10 +68,12 @@ def kernel_inputs(config: KernelConfig, problem: Problem, device: str, seed: int
         check_config(config, problem, q, k, v)
         return (q, k, v), None, (q, k, v)
     from .launch import check_fp8_scales
-    from .quantize import fmt_of, quantize_fp8
+    from .quantize import fmt_of, quantize_fp8, tile_blocks
 
     source = fp8_source_inputs(problem, device, seed)
-    x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard, fmt=fmt_of(problem.dtype))
+    block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
+    x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard, fmt=fmt_of(problem.dtype),
+                     block_q=block_q, block_k=block_k)
     check_config(config, problem, x.q, x.k, x.v)
     check_fp8_scales(config, x.q_scale, x.k_scale, x.block_q, x.block_k)
     return (x.q, x.k, x.v), x.scales, source

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -197,9 +198,11 @@ def _geo(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: Path, preset: str) -> dict:
-    env = environment()
+def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: Path, preset: str,
+          env: dict | None = None, runs: int = 1) -> dict:
+    env = env or environment()
     summary = {"environment": env, "preset": preset, "bf16_matmul_tflops": ceiling, "baseline": BASELINE,
+               "providers": list(providers), "runs": runs,
                "geomeans": geomeans(rows, providers),
                "rows": [{"problem": r.problem, "dtype": r.dtype, "cells": {k: asdict(c) for k, c in r.cells.items()}}
                         for r in rows]}
@@ -210,12 +213,84 @@ def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: 
     return summary
 
 
+def read(path: Path) -> dict:
+    """A bench.json written by ``write``, its rows as ``Row`` objects (for resuming and merging)."""
+    from .errors import FaAutotuneError
+
+    file = path / "bench.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+        data["rows"] = [Row(r["problem"], r["dtype"], {k: Cell(**c) for k, c in r["cells"].items()})
+                        for r in data["rows"]]
+        float(data["bf16_matmul_tflops"])
+        data["environment"]["gpu"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FaAutotuneError(f"{file} is not a bench result: {type(exc).__name__}: {exc}") from exc
+    return data
+
+
+# What must agree for results of several runs to share one table.
+_SAME_STACK = ("gpu", "capability", "driver", "torch", "triton", "cuda", "cudnn", "template_hash")
+
+
+def merge(paths: list[Path], out_dir: Path) -> dict:
+    """One table from bench runs on the same GPU model and software (e.g. one run per GPU of a
+    host, each over part of a preset). Every ratio still compares providers timed side by
+    side on the same inputs in one run; only the problems come from different runs."""
+    from .errors import FaAutotuneError
+
+    parts = [read(p) for p in paths]
+    first = parts[0]["environment"]
+    for path, part in zip(paths[1:], parts[1:]):
+        differs = [k for k in _SAME_STACK if part["environment"].get(k) != first.get(k)]
+        if differs:
+            raise FaAutotuneError(f"cannot merge {path}: its {', '.join(differs)} differ from {paths[0]}'s")
+    providers = tuple(dict.fromkeys(p for part in parts for p in part.get("providers") or
+                                    [c for r in part["rows"] for c in r.cells]))
+    rows: dict[str, Row] = {}
+    for part in parts:
+        for r in part["rows"]:
+            if r.problem in rows:
+                raise FaAutotuneError(f"problem {r.problem} appears in more than one of the merged runs")
+            rows[r.problem] = r
+    ceiling = statistics.median(part["bf16_matmul_tflops"] for part in parts)
+    preset = " + ".join(dict.fromkeys(part["preset"] for part in parts))
+    env = dict(first, date=max(part["environment"]["date"] for part in parts))
+    return write(list(rows.values()), providers, ceiling, out_dir, preset, env,
+                 sum(part.get("runs", 1) for part in parts))
+
+
+def resume(out_dir: Path, providers: tuple[str, ...]) -> tuple[float | None, list[Row]]:
+    """(matmul ceiling, rows) already measured in ``out_dir`` by a run this one may continue:
+    same providers, GPU and software; (None, []) when there is nothing to continue."""
+    from .errors import FaAutotuneError
+
+    if not (out_dir / "bench.json").exists():
+        return None, []
+    previous = read(out_dir)
+    if previous.get("providers") is None:
+        raise FaAutotuneError(f"--resume: {out_dir}/bench.json has no provider list (an older format); "
+                              "measure into a new --out")
+    if tuple(previous["providers"]) != providers:
+        raise FaAutotuneError(f"--resume: {out_dir} was measured with providers {previous['providers']}, "
+                              f"not {list(providers)}")
+    here = environment()
+    differs = [k for k in _SAME_STACK if previous["environment"].get(k) != here.get(k)]
+    if differs:
+        raise FaAutotuneError(f"--resume: {out_dir} was measured with another {', '.join(differs)}; "
+                              "measure into a new --out (or merge the two with --merge)")
+    return previous["bf16_matmul_tflops"], previous["rows"]
+
+
 def markdown(summary: dict, providers: tuple[str, ...]) -> str:
     env = summary["environment"]
     lines = [f"# fa-autotune bench: {summary['preset']} on {env.get('gpu')} ({env['date']})", "",
              f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"fa_autotune {env['fa_autotune']} (templates {env['template_hash']}). bf16 matmul ceiling measured "
              f"in this run: {summary['bf16_matmul_tflops']:.0f} TFLOPS.", "",
+             *([f"Merged from {summary['runs']} runs on GPUs of this model and software; each row is one run, "
+                "its providers timed side by side on the same inputs (ceiling: median of the runs').", ""]
+               if summary.get("runs", 1) > 1 else []),
              "TFLOPS (ratio to cuDNN); every output checked against a float32 reference before timing.", "",
              "| problem | " + " | ".join(providers) + " |", "|---" * (len(providers) + 1) + "|"]
     for r in summary["rows"]:

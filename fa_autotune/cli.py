@@ -267,9 +267,15 @@ def _bench(args: argparse.Namespace) -> int:
     """Time every attention provider side by side on the GPU (each output checked first)."""
     import torch
 
-    from .benchmark import PROVIDERS, Bench, markdown, matmul_ceiling, write
+    from .benchmark import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
     from .space import load_space
 
+    if args.merge:
+        if args.resume or args.match or args.seqlen is not None:
+            raise FaAutotuneError("--merge only reads earlier outputs: it takes no --resume, --match or problem flags")
+        summary = merge([Path(p) for p in args.merge], Path(args.out))
+        print(markdown(summary, tuple(summary["providers"])))
+        return 0
     if not torch.cuda.is_available():
         raise FaAutotuneError("bench compares GPU kernels and needs a CUDA GPU (the interpreter's timings mean nothing)")
     space = load_space(args.space)
@@ -287,13 +293,17 @@ def _bench(args: argparse.Namespace) -> int:
             raise FaAutotuneError(f"no problem of preset {args.preset!r} matches {args.match!r}")
     providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
     bench = Bench(providers, args.db, rep_ms=args.rep_ms)
-    ceiling, rows = matmul_ceiling(), []
+    ceiling, rows = resume(Path(args.out), providers) if args.resume else (None, [])
+    ceiling = ceiling or matmul_ceiling()
+    done = {r.problem for r in rows}
     for i, problem in enumerate(problems):
+        if problem.key in done:
+            continue
         print(f"[{i + 1}/{len(problems)}] {problem.key}", file=sys.stderr, flush=True)
         rows.append(bench.run_problem(problem))
         # Written after every problem: an interrupted run keeps what it measured.
-        summary = write(rows, providers, ceiling, Path(args.out), name)
-    print(markdown(summary, providers))
+        write(rows, providers, ceiling, Path(args.out), name)
+    print(markdown(write(rows, providers, ceiling, Path(args.out), name), providers))
     return 0
 
 
@@ -366,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
                    "comma-separated parts, e.g. d128,causal")
+    p.add_argument("--resume", action="store_true", help="keep the problems already in --out's bench.json and "
+                   "measure only the rest (an interrupted run continues)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="no timing: merge earlier bench outputs (bench.json or its folder) from GPUs of the same "
+                        "model and software into one table in --out")
 
     p = sub.add_parser("export", help=_export.__doc__, description=_export.__doc__)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")

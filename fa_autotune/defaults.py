@@ -24,9 +24,7 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
     if problem.is_fp8:  # FP8 runs Q-outer only; its tiles take half the shared memory of fp16
-        block = 128 if d <= 128 else 64
-        return KernelConfig(BLOCK_M=block, BLOCK_N=block, num_warps=8 if block == 128 else 4, num_stages=2,
-                            access=access)
+        return _fp8_default(problem, d, hopper)
     if problem.seqlen_q <= _SPLIT_KV_MAX_QROWS and problem.seqlen_k >= 1024:
         block_m = 16 if problem.seqlen_q <= 16 else 64
         programs = problem.batch * problem.heads_q * -(-problem.seqlen_q // block_m)
@@ -40,6 +38,18 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     if d <= 128:
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
     return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
+
+
+def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
+    """H200 sweep at D=128 (benchmarks/results/2026-11-30-h200-fp8-bench.md): 128x256 tiles
+    warp-specialized over TMA where Triton 3.6 allows it (no causal mask, whole K/V tiles),
+    8 warps over plain pointers otherwise."""
+    if d > 128:
+        return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access="tensor_desc" if hopper else "pointer")
+    if hopper and not problem.causal and problem.seqlen_k % 256 == 0:
+        return KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
+                            warp_specialize=True)
+    return KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3 if hopper else 2, access="pointer")
 
 
 def default_for(problem: Problem, gpu: "GpuInfo") -> KernelConfig:

@@ -33,6 +33,9 @@ SCALINGS = ("per_tensor", "per_head", "per_block")
 FORMATS = ("e4m3", "e5m2")
 _FMT_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
+_KERNEL_DTYPES = ("float16", "bfloat16")
+BACKENDS = ("auto", "triton", "torch")
+_MAX_FUSED_ROWS = 65535 * 16  # grid axis 1 holds the row chunks (16 rows at the smallest block)
 _MIN_BLOCK = 16
 
 
@@ -134,41 +137,122 @@ def quantize_fp8(
     block_q: int = 128,
     block_k: int = 128,
     seed: int = 0,
+    backend: str = "auto",
+    check_finite: bool = True,
 ) -> Fp8Inputs:
     """Quantize (B, H, N, D) attention inputs to FP8 with descale factors.
 
     ``scaling`` picks the group sharing one scale: the whole tensor, one (batch, head),
     or ``block_q`` / ``block_k`` rows of one head. ``hadamard`` rotates Q and K by the same
     random orthonormal Hadamard matrix (from ``seed``) first. GQA (Hq a multiple of Hkv)
-    is fine: every tensor is scaled over its own heads.
+    is fine: every tensor is scaled over its own heads. ``backend``: "triton" (two fused
+    passes per tensor; fp16/bf16 inputs), "torch" (eager float32 reference), or "auto"
+    (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
+    inputs, at the cost of one host-device sync (attention_fp8 skips it, as attention() does
+    not scan its inputs either).
     """
     _validate(q, k, v, scaling, hadamard, fmt, block_q, block_k, seed)
-    fmax = _FMT_MAX[fmt]
-    dtype = fp8_dtype(fmt)
-    if hadamard:
-        signs = random_hadamard_signs(q.shape[3], seed, q.device)
-        qt, kt = hadamard_transform(q, signs), hadamard_transform(k, signs)
-    else:
-        qt, kt = q.float(), k.float()
-    vt = v.float()
-    _check_finite({"q": (q, qt), "k": (k, kt), "v": (v, vt)})
-    q8, q_scale = _quantize(qt, scaling, block_q, fmax, dtype)
-    k8, k_scale = _quantize(kt, scaling, block_k, fmax, dtype)
-    v8, v_scale = _quantize(vt, scaling, block_k, fmax, dtype)
-    return Fp8Inputs(
-        q=q8.contiguous(),
-        k=k8.contiguous(),
-        v=v8.transpose(2, 3).contiguous().transpose(2, 3),
-        q_scale=q_scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        scaling=scaling,
-        hadamard=hadamard,
-        fmt=fmt,
-        block_q=block_q,
-        block_k=block_k,
-        seed=seed,
-    )
+    _check_choice("backend", backend, BACKENDS)
+    fused = backend == "triton" or (backend == "auto" and _fusable(q, k))
+    if fused:
+        _check_fusable(q, k)
+    quantize = _kernel_quantizer(q, seed if hadamard else None) if fused else \
+        _torch_quantizer(random_hadamard_signs(q.shape[3], seed, q.device) if hadamard else None, check_finite)
+    fmax, dtype = _FMT_MAX[fmt], fp8_dtype(fmt)
+    (q8, q_scale), (k8, k_scale) = quantize("q", q, scaling, block_q, fmax, dtype, False), \
+        quantize("k", k, scaling, block_k, fmax, dtype, False)
+    v8, v_scale = quantize("v", v, scaling, block_k, fmax, dtype, True)
+    if fused and check_finite:  # one host-device sync for all three
+        _check_finite({name: (x, s) for name, x, s in (("q", q, q_scale), ("k", k, k_scale), ("v", v, v_scale))})
+    return Fp8Inputs(q=q8, k=k8, v=v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, scaling=scaling,
+                     hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed)
+
+
+def _fusable(q: "torch.Tensor", k: "torch.Tensor") -> bool:
+    """Whether "auto" takes the fused passes: CUDA fp16/bf16 inputs whose Hadamard matrix fits
+    shared memory (padded D <= 128, or any D on Hopper) and whose row chunks fit the grid."""
+    import torch
+
+    try:
+        _check_fusable(q, k)
+    except InputError:
+        return False
+    return q.shape[3] <= 128 or torch.cuda.get_device_capability(q.device) >= (9, 0)
+
+
+def _check_fusable(q: "torch.Tensor", k: "torch.Tensor") -> None:
+    from .codegen import interpreter_active
+
+    dtype = str(q.dtype).removeprefix("torch.")
+    if dtype not in _KERNEL_DTYPES:
+        raise InputError(f"backend='triton' quantizes float16 or bfloat16 inputs, got {dtype}")
+    if not q.is_cuda and not interpreter_active():
+        raise InputError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before Python started); "
+                         "use backend='torch' for CPU tensors")
+    if max(q.shape[2], k.shape[2]) > _MAX_FUSED_ROWS:
+        raise InputError(f"backend='triton' takes sequences up to {_MAX_FUSED_ROWS} rows; use backend='torch'")
+
+
+def tile_blocks(block_m: int, block_n: int) -> tuple[int, int]:
+    """(block_q, block_k) for a kernel with these tiles: FlashAttention-3's 128-row scaling
+    blocks, grown to the tile where the tile is larger (a tile reads one descale)."""
+    return max(128, block_m), max(128, block_n)
+
+
+def _fp8_like(x: "torch.Tensor", dtype: "torch.dtype", seq_contiguous: bool) -> "torch.Tensor":
+    """An empty FP8 (B, H, N, D) tensor: contiguous, or with the sequence axis contiguous and
+    its rows padded to 16 bytes (what a TMA descriptor over the transposed tensor needs)."""
+    import torch
+
+    batch, heads, n, d = x.shape
+    if not seq_contiguous:
+        return torch.empty(batch, heads, n, d, device=x.device, dtype=dtype)
+    padded = -(-n // 16) * 16
+    return torch.empty(batch, heads, d, padded, device=x.device, dtype=dtype)[..., :n].transpose(2, 3)
+
+
+def _torch_quantizer(signs: "torch.Tensor | None", check_finite: bool):
+    """Eager float32 quantization of one tensor (rotating it when ``signs`` and not V)."""
+
+    def quantize(name, x, scaling, block, fmax, dtype, is_v):
+        xt = hadamard_transform(x, signs) if signs is not None and not is_v else x.float()
+        if check_finite:
+            _check_finite({name: (x, xt)})
+        x8, scale = _quantize(xt, scaling, block, fmax, dtype)
+        return (_fp8_like(x, dtype, True).copy_(x8) if is_v else x8.contiguous()), scale
+
+    return quantize
+
+
+def _kernel_quantizer(x: "torch.Tensor", seed: int | None):
+    """Two fused Triton passes per tensor (fa_autotune.quantize_kernels); Q and K rotated
+    when ``seed`` is given. Non-finite maxima give non-finite descales, checked by the caller."""
+    from . import quantize_kernels as kernels
+
+    m = kernels.signed_hadamard(x.shape[3], seed, x.device, x.dtype) if seed is not None else None
+
+    def quantize(name, x, scaling, block, fmax, dtype, is_v):
+        rows = min(kernels.CHUNK, block) if scaling == "per_block" else kernels.CHUNK
+        amax = kernels.chunk_amax(x, None if is_v else m, rows)
+        scale = _scale_of(_group_amax(amax, scaling, block // rows), fmax, x.shape[0], x.shape[1],
+                          -(-x.shape[2] // block))
+        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, _fp8_like(x, dtype, is_v)), scale
+
+    return quantize
+
+
+def _group_amax(chunk_amax: "torch.Tensor", scaling: str, chunks_per_block: int) -> "torch.Tensor":
+    """Per-group maxima from per-chunk maxima, as (B, H, groups)."""
+    import torch
+
+    if scaling == "per_tensor":
+        return chunk_amax.amax().view(1, 1, 1)
+    if scaling == "per_head":
+        return chunk_amax.amax(dim=-1, keepdim=True)
+    batch, heads, n_chunks = chunk_amax.shape
+    nblk = -(-n_chunks // chunks_per_block)
+    padded = torch.nn.functional.pad(chunk_amax, (0, nblk * chunks_per_block - n_chunks))
+    return padded.view(batch, heads, nblk, chunks_per_block).amax(dim=-1)
 
 
 def _quantize(
@@ -182,20 +266,15 @@ def _quantize(
 
 def _descale(x: "torch.Tensor", scaling: str, block: int, fmax: float) -> "torch.Tensor":
     """amax / fmax per group, as (B, H, nblk); reduces row maxima, never pads x itself."""
+    batch, heads, n, _ = x.shape
+    return _scale_of(_group_amax(x.abs().amax(dim=-1), scaling, block), fmax, batch, heads, -(-n // block))
+
+
+def _scale_of(amax: "torch.Tensor", fmax: float, batch: int, heads: int, nblk: int) -> "torch.Tensor":
+    """Descales from group maxima: all-zero groups get 1; tiny amax must not underflow to 0."""
     import torch
 
-    batch, heads, n, _ = x.shape
-    nblk = -(-n // block)
-    row_amax = x.abs().amax(dim=-1)
-    if scaling == "per_tensor":
-        amax = row_amax.amax().view(1, 1, 1)
-    elif scaling == "per_head":
-        amax = row_amax.amax(dim=-1, keepdim=True)
-    else:
-        padded = torch.nn.functional.pad(row_amax, (0, nblk * block - n))
-        amax = padded.view(batch, heads, nblk, block).amax(dim=-1)
     tiny = torch.finfo(torch.float32).tiny
-    # All-zero groups get scale 1; tiny amax must not underflow the scale to 0.
     scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)).clamp_min_(tiny)
     return scale.expand(batch, heads, nblk)
 
@@ -245,6 +324,8 @@ def _check_finite(pairs: dict[str, tuple["torch.Tensor", "torch.Tensor"]]) -> No
     """Check the float32 tensors about to be scaled; look at the input only to explain a failure."""
     import torch
 
+    if bool(torch.stack([torch.isfinite(t).all() for _, t in pairs.values()]).all()):
+        return  # one host-device sync when all is well
     for name, (original, transformed) in pairs.items():
         if bool(torch.isfinite(transformed).all()):
             continue

@@ -116,6 +116,8 @@ class DeviceWorker:
                         "seconds": time.perf_counter() - start}
             result = self._conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
+            if self._process:  # the pipe closes a moment before the exit code is known
+                self._process.join(timeout=5)
             code = self._process.exitcode if self._process else None
             self._kill()
             return {"status": "crashed", "message": f"worker died ({type(exc).__name__}, exit code {code})",

@@ -189,3 +189,36 @@ def test_fp8_modes(fmt, scaling, access):
     ref, _ = reference_attention(q, k, v, causal=True)
     report = compare(out.float(), ref)
     assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn" if fmt == "e4m3" else "float8_e5m2"]
+
+
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_head", "per_block"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fused_fp8_quantization_matches_eager(scaling, dtype):
+    """The Triton quantization passes with the GPU's own FP8 conversion, against the float32
+    eager path: same scales, FP8 codes equal but for rare one-step rounding differences."""
+    from fa_autotune.quantize import quantize_fp8
+
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, dtype, "cuda")
+    q[..., 3] *= 20
+    fused = quantize_fp8(q, k, v, scaling=scaling, backend="triton")
+    eager = quantize_fp8(q, k, v, scaling=scaling, backend="torch")
+    for name in ("q_scale", "k_scale", "v_scale"):
+        torch.testing.assert_close(getattr(fused, name), getattr(eager, name), rtol=1e-5, atol=0)
+    for name in ("q", "k", "v"):
+        a, b = getattr(fused, name).float(), getattr(eager, name).float()
+        diff = (a - b).abs()
+        assert bool((diff <= a.abs().clamp_min(2 ** -6) * 2 ** -2).all()), name
+        assert float((diff > 0).float().mean()) < 0.01, name
+
+
+def test_tuner_warm_compile_uses_the_fp8_inputs():
+    """The tuner's GPU compile step runs each config on the inputs it will be timed on: FP8
+    quantized with V sequence-contiguous, so TMA and warp-specialized FP8 configs compile."""
+    from fa_autotune.aot import compile_for_tuning
+    from fa_autotune.config import KernelConfig
+    from fa_autotune.problem import Problem
+
+    config = KernelConfig(BLOCK_M=128, BLOCK_N=256 if HOPPER else 128, num_warps=4, num_stages=2,
+                          access="tensor_desc" if HOPPER else "block_ptr", warp_specialize=HOPPER)
+    result = compile_for_tuning(config, Problem(1, 2, 2, 1024, 1024, 128, "float8_e4m3fn"))
+    assert result.status == "ok", result.error
