@@ -232,11 +232,17 @@ def _kernel_quantizer(x: "torch.Tensor", seed: int | None):
     m = kernels.signed_hadamard(x.shape[3], seed, x.device, x.dtype) if seed is not None else None
 
     def quantize(name, x, scaling, block, fmax, dtype, is_v):
+        import torch
+
+        batch, heads, n, _ = x.shape
         rows = min(kernels.CHUNK, block) if scaling == "per_block" else kernels.CHUNK
         amax = kernels.chunk_amax(x, None if is_v else m, rows)
-        scale = _scale_of(_group_amax(amax, scaling, block // rows), fmax, x.shape[0], x.shape[1],
-                          -(-x.shape[2] // block))
-        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, _fp8_like(x, dtype, is_v)), scale
+        out = _fp8_like(x, dtype, is_v)
+        if scaling == "per_block":  # descales computed and stored by the second pass
+            scale = torch.empty(batch, heads, -(-n // block), device=x.device, dtype=torch.float32)
+            return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, amax), scale
+        scale = _scale_of(_group_amax(amax, scaling, block // rows), fmax, batch, heads, -(-n // block))
+        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out), scale
 
     return quantize
 

@@ -7,10 +7,11 @@ once as FP8:
 
 1. ``_chunk_amax``: per CHUNK rows of one head, the max |x M| (M = the signed Hadamard
    matrix, or the identity), NaN counted as inf so that a bad input cannot hide.
-2. The descales (amax / fmt_max per tensor, head or block) are reduced from the chunk
-   maxima with a few tiny torch ops, on the device, as the eager path defines them.
-3. ``_scale_cast``: x M again, divided by its group's descale, clamped and cast; stored
-   with any output strides (V goes out sequence-contiguous for the FP8 PV product).
+2. ``_scale_cast``: x M again, divided by its group's descale (amax / fmt_max, as the eager
+   path defines it), clamped and cast; stored with any output strides (V goes out
+   sequence-contiguous for the FP8 PV product). Per-block descales are reduced from the
+   chunk maxima right there, so the default recipe is two launches per tensor; per-tensor
+   and per-head ones come from a few tiny torch ops in between.
 
 The rotation is one ``tl.dot`` with M's entries ±1 (exact in fp16 and bf16) and float32
 accumulation, scaled by 1/sqrt(n) afterwards: the same values as the butterflies up to
@@ -73,16 +74,35 @@ def _fp8_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
-def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b, o_stride_h,
-                o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, inv_sqrt_n, fmax,
-                BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
-                ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+def _block_scales(amax_ptr, scale_ptr, b, h, bh, rows, N, n_chunks, s_stride_b, s_stride_h, s_stride_n, fmax,
+                  BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """Per-row descales of per-block scaling, from the GROUP chunk maxima of each row's block:
+    amax / fmax (1 for an all-zero block, never below float32's tiny). The program holding a
+    block's first row stores that block's descale for the attention kernel."""
+    chunks = (rows // BLOCK)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    amax = tl.max(tl.load(amax_ptr + bh.to(tl.int64) * n_chunks + chunks, mask=chunks < n_chunks, other=0.0), axis=1)
+    scale = tl.maximum(tl.where(amax > 0, amax / fmax, 1.0), 1.1754943508222875e-38)
+    first = (rows % BLOCK == 0) & (rows < N)
+    tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, scale, mask=first)
+    return scale
+
+
+@triton.jit
+def _scale_cast(x_ptr, m_ptr, scale_ptr, amax_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
+                o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, n_chunks,
+                inv_sqrt_n, fmax, BLOCK: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                ROWS: tl.constexpr, ROTATE: tl.constexpr, PER_BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+                MBITS: tl.constexpr, EMIN: tl.constexpr):
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
                             ROTATE, INTERPRET)
     b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
-    scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
-                    other=1.0)
+    if PER_BLOCK:
+        scale = _block_scales(amax_ptr, scale_ptr, b, h, bh, rows, N, n_chunks, s_stride_b, s_stride_h, s_stride_n,
+                              fmax, BLOCK, GROUP)
+    else:
+        scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
+                        other=1.0)
     q = tl.clamp(y * inv_sqrt_n / scale[:, None], -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
@@ -127,13 +147,17 @@ def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> to
 
 
 def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, block: int, fmax: float,
-               out: torch.Tensor) -> torch.Tensor:
-    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides)."""
+               out: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
+    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides).
+    Given the chunk maxima of :func:`chunk_amax` (chunks of min(CHUNK, block) rows), the
+    per-block descales are computed here and written into ``scale`` (no torch ops between)."""
     batch, heads, n, d = x.shape
     e4m3 = out.dtype == torch.float8_e4m3fn
+    group = block // min(CHUNK, block)
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
-        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
-        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=_padded(d), ROWS=CHUNK, ROTATE=m is not None,
+        x, m if m is not None else x, scale, amax if amax is not None else scale, out, *x.stride(), *out.stride(),
+        *scale.stride(), heads, n, amax.shape[2] if amax is not None else 1, _inv_sqrt_n(d, m), fmax, BLOCK=block,
+        GROUP=group, D=d, DP=_padded(d), ROWS=CHUNK, ROTATE=m is not None, PER_BLOCK=amax is not None,
         INTERPRET=_interpreting(), MBITS=3 if e4m3 else 2, EMIN=-6 if e4m3 else -14)
     return out
 

@@ -68,3 +68,55 @@ def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
             (kernel,) = result.kernels
             assert kernel.kernel.endswith("_fp8") and kernel.mma, kernel
             assert all(kind.endswith(operands) for kind in kernel.mma), kernel.mma
+
+
+QUANTIZE_AOT = '''
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fa_autotune import quantize_kernels as qk
+
+ints = lambda *names: {n: "i32" for n in names}
+consts = lambda *names: {n: "constexpr" for n in names}
+out = {}
+for dtype in ("fp16", "bf16"):
+    for rotate in (False, True):
+        sig = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "amax_ptr": "*fp32",
+               **ints("stride_b", "stride_h", "stride_n", "stride_d", "heads", "N", "n_chunks"), "inv_sqrt_n": "fp32",
+               **consts("D", "DP", "ROWS", "ROTATE", "INTERPRET")}
+        k = triton.compile(ASTSource(qk._chunk_amax, sig, dict(D=80, DP=128, ROWS=64, ROTATE=rotate, INTERPRET=False)),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        out[f"amax {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+        for block, group in ((0, 1), (64, 1), (256, 4)):
+            sig = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "scale_ptr": "*fp32", "amax_ptr": "*fp32",
+                   "out_ptr": "*fp8e4nv", **ints("stride_b", "stride_h", "stride_n", "stride_d", "o_stride_b",
+                   "o_stride_h", "o_stride_n", "o_stride_d", "s_stride_b", "s_stride_h", "s_stride_n", "heads", "N",
+                   "n_chunks"), "inv_sqrt_n": "fp32", "fmax": "fp32",
+                   **consts("BLOCK", "GROUP", "D", "DP", "ROWS", "ROTATE", "PER_BLOCK", "INTERPRET", "MBITS", "EMIN")}
+            c = dict(BLOCK=block or 128, GROUP=group, D=80, DP=128, ROWS=64, ROTATE=rotate, PER_BLOCK=block > 0,
+                     INTERPRET=False, MBITS=3, EMIN=-6)
+            k = triton.compile(ASTSource(qk._scale_cast, sig, c), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4})
+            out[f"cast {dtype} {rotate} {block}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+print(json.dumps(out))
+'''
+
+
+def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
+    """The FP8 quantization passes compile for sm_90 (fp16 and bf16, rotated or not, every
+    descale mode); the Hadamard rotation runs on the tensor cores (wgmma)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", QUANTIZE_AOT], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(report) == 16
+    for name, (wgmma, shared) in report.items():
+        rotated = name.split()[2] == "True"
+        assert wgmma == rotated, name
+        assert shared <= SHARED_MEMORY_LIMIT[(9, 0)], name
