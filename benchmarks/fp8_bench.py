@@ -17,6 +17,7 @@ outlier channels (fa_autotune.bench.fp8_source_inputs). Writes DIR/fp8_bench.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -103,11 +104,7 @@ def time_all(calls: dict, contexts: dict, device: str, rounds: int, rep_ms: floa
     samples = {key: [] for key in calls}
     for _ in range(rounds):
         for key, fn in calls.items():
-            context = contexts.get(key)
-            if context is None:
-                samples[key].append(time_callable(fn, rep_ms=rep_ms, device=device).median_ms)
-                continue
-            with context():
+            with contexts.get(key, contextlib.nullcontext)():
                 samples[key].append(time_callable(fn, rep_ms=rep_ms, device=device).median_ms)
     return {key: statistics.median(v) for key, v in samples.items()}
 

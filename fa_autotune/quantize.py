@@ -153,9 +153,9 @@ def quantize_fp8(
     """
     _validate(q, k, v, scaling, hadamard, fmt, block_q, block_k, seed)
     _check_choice("backend", backend, BACKENDS)
-    fused = backend == "triton" or (backend == "auto" and _fusable(q, k))
-    if fused:
+    if backend == "triton":
         _check_fusable(q, k)
+    fused = backend == "triton" or (backend == "auto" and _fusable(q, k))
     quantize = _kernel_quantizer(q, seed if hadamard else None) if fused else \
         _torch_quantizer(random_hadamard_signs(q.shape[3], seed, q.device) if hadamard else None, check_finite)
     fmax, dtype = _FMT_MAX[fmt], fp8_dtype(fmt)
@@ -224,12 +224,12 @@ def _torch_quantizer(signs: "torch.Tensor | None", check_finite: bool):
     return quantize
 
 
-def _kernel_quantizer(x: "torch.Tensor", seed: int | None):
+def _kernel_quantizer(q: "torch.Tensor", seed: int | None):
     """Two fused Triton passes per tensor (fa_autotune.quantize_kernels); Q and K rotated
     when ``seed`` is given. Non-finite maxima give non-finite descales, checked by the caller."""
     from . import quantize_kernels as kernels
 
-    m = kernels.signed_hadamard(x.shape[3], seed, x.device, x.dtype) if seed is not None else None
+    m = kernels.signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
 
     def quantize(name, x, scaling, block, fmax, dtype, is_v):
         import torch
