@@ -23,13 +23,15 @@ MAX_SPLITS = 128
 MAX_Q_TILES = 64
 TILE_ORDERS = ("seq", "head")
 FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
+FP8_PV_MODES = ("separate", "inplace")
 MAX_PERSISTENT = 4
 MAX_RESCALE_THRESHOLD = 16
 # Kernel-structure knobs added after the first release: the canonical JSON (the identity
 # stored in databases and config files) leaves them out while they hold these defaults,
 # so every config tuned before they existed keeps its key.
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
-                      "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True}
+                      "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
+                      "fp8_pv": "separate"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class KernelConfig:
     # decides the error, the rest of the config the speed).
     fp8_scaling: str = "per_block"
     fp8_hadamard: bool = True
+    # FP8 kernels: "separate" PV products descaled as they are added to the accumulator, or
+    # "inplace" accumulation with the V descale folded into the softmax rescale.
+    fp8_pv: str = "separate"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -125,6 +130,8 @@ class KernelConfig:
             parts.append({"per_tensor": "fp8tensor", "per_head": "fp8head"}[self.fp8_scaling])
         if not self.fp8_hadamard:
             parts.append("nohad")
+        if self.fp8_pv != "separate":
+            parts.append("pvin")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -171,9 +178,6 @@ def _validate(cfg: KernelConfig) -> None:
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
         # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
         raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
-    if cfg.warp_specialize and cfg.persistent:
-        # Triton 3.6 cannot warp-specialize a loop nested in the persistent tile loop.
-        raise ConfigError("warp_specialize", "cannot be combined with a persistent grid (persistent=0)")
     if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split" or cfg.num_stages != 2):
         # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
         # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
@@ -188,6 +192,7 @@ def _validate_structure(cfg: KernelConfig) -> None:
     _check_int("persistent", cfg.persistent, lo=0, hi=MAX_PERSISTENT)
     _check_choice("tile_order", cfg.tile_order, TILE_ORDERS)
     _check_choice("fp8_scaling", cfg.fp8_scaling, FP8_SCALINGS)
+    _check_choice("fp8_pv", cfg.fp8_pv, FP8_PV_MODES)
     if not isinstance(cfg.fp8_hadamard, bool):
         raise ConfigError("fp8_hadamard", f"expected true or false, got {cfg.fp8_hadamard!r}")
     _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)

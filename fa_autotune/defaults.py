@@ -41,15 +41,18 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
-    """H200 sweep at D=128 (benchmarks/results/2026-11-30-h200-fp8-bench.md): 128x256 tiles
-    warp-specialized over TMA where Triton 3.6 allows it (no causal mask, whole K/V tiles),
-    8 warps over plain pointers otherwise."""
+    """H200 sweeps at D=128 (benchmarks/results/2026-11-30-h200-fp8-*.md): 128x256 tiles
+    warp-specialized over TMA on a persistent grid where Triton 3.6 allows it (no causal
+    mask, whole K/V tiles); elsewhere 64x128 with 4 warps over plain pointers on Hopper,
+    128x128 with 8 warps and 2 stages (less shared memory) before it."""
     if d > 128:
         return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access="tensor_desc" if hopper else "pointer")
     if hopper and not problem.causal and problem.seqlen_k % 256 == 0:
         return KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
-                            warp_specialize=True)
-    return KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3 if hopper else 2, access="pointer")
+                            warp_specialize=True, persistent=1)
+    if hopper:
+        return KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3, access="pointer")
+    return KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, access="pointer")
 
 
 def default_for(problem: Problem, gpu: "GpuInfo") -> KernelConfig:

@@ -13,6 +13,8 @@ FULL = Problem(1, 16, 4, 4096, 4096, 128, "bfloat16", causal=False)
 PADDED = Problem(2, 8, 8, 1000, 1000, 80, "float16", causal=True)
 FP8_E4M3 = Problem(1, 16, 4, 4096, 4096, 128, "float8_e4m3fn", causal=True)
 FP8_E5M2 = Problem(1, 16, 16, 4096, 4096, 128, "float8_e5m2", causal=False)
+FP8_FULL = Problem(4, 16, 16, 4096, 4096, 128, "float8_e4m3fn", causal=False)
+WS = dict(access="tensor_desc", warp_specialize=True, num_stages=2)
 
 SAMPLE = [
     (CAUSAL, KernelConfig(access="pointer", causal_mode="split")),
@@ -27,6 +29,11 @@ SAMPLE = [
     (FP8_E4M3, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=8, num_stages=2)),
     (FP8_E5M2, KernelConfig(access="pointer", BLOCK_N=64, num_warps=4, num_stages=3)),
     (FP8_E5M2, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=4, num_stages=2, rescale_threshold=8)),
+    # persistent grids under warp specialization, and the FP8 defaults
+    (FULL, KernelConfig(**WS, BLOCK_N=128, persistent=2, tile_order="head")),
+    (FP8_FULL, KernelConfig(**WS, BLOCK_N=256, persistent=1)),
+    (FP8_FULL, KernelConfig(**WS, BLOCK_N=256, persistent=1, fp8_pv="inplace")),
+    (FP8_E4M3, KernelConfig(access="pointer", BLOCK_M=64, BLOCK_N=128, num_stages=3, fp8_pv="inplace")),
 ]
 
 
@@ -60,7 +67,8 @@ def test_impossible_variants_become_statuses():
     assert ws.status == "compile_error" and ws.error
 
 
-@pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2")])
+@pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2"),
+                                               (FP8_FULL, "e4m3.e4m3")])
 def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
     """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16."""
     for (p, config), result in results.items():

@@ -257,13 +257,17 @@ def test_results_api_returns_dataclasses(tmp_path):
         assert list(results.to_dataframe(results.best(db))["median_ms"]) == [1.0]
 
 
-def test_borrowed_config_that_cannot_run_degrades(isolated):
-    """A warp-specialized winner of N=64 borrowed for a ragged, causal N=63 problem."""
-    ws = KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_M=16, BLOCK_N=16)
+@pytest.mark.parametrize("persistent", [0, 1])
+def test_borrowed_config_that_cannot_run_degrades(isolated, persistent):
+    """A warp-specialized winner of N=64 borrowed for a ragged, causal N=63 problem: it runs
+    unspecialized, and without the persistent grid that was chosen for the producer warps."""
+    ws = KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_M=16, BLOCK_N=16,
+                      persistent=persistent)
     write_file(isolated, [(Problem(1, 2, 2, 64, 64, 16, "float16", causal=True), ws)])
     q, k, v = make_qkv(1, 2, 2, 63, 63, 16)
     info = fa_autotune.explain(q, k, v, causal=True)
-    assert info["source"] == "shipped" and info["config"] == ws.with_(warp_specialize=False).to_dict()
+    assert info["source"] == "shipped"
+    assert info["config"] == ws.with_(warp_specialize=False, persistent=0).to_dict()
     assert_close_to_reference(fa_autotune.attention(q, k, v, causal=True), q, k, v, causal=True)
 
 

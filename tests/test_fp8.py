@@ -34,6 +34,23 @@ def test_each_scaling_mode_matches_float32(device, fmt, dtype, scaling, causal):
     assert torch.allclose(lse, ref_lse, atol=2 * TOLERANCE[dtype])  # one score's FP8 error at most
 
 
+@pytest.mark.parametrize("fp8_pv", ["separate", "inplace"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_block_scales_far_apart(device, causal, fp8_pv):
+    """V blocks whose magnitudes differ by 10^4: each V tile's descale must reach its PV
+    product (or, in place, move the accumulator at every block boundary), and K's blocks
+    change the score scale, so any slip there is a large error, not a rounding one."""
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float16, device)
+    for i, factor in enumerate((1.0, 100.0, 0.01, 10.0)):
+        v[:, :, 32 * i:32 * (i + 1)] *= factor
+        k[:, :, 32 * i:32 * (i + 1)] *= factor ** 0.25
+    inputs = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    assert inputs.v_scale.amax() / inputs.v_scale.amin() > 1e3
+    out = attention_fp8(inputs, causal=causal, config=dict(BLOCK_M=16, BLOCK_N=32, fp8_pv=fp8_pv),
+                       out_dtype=torch.float16)
+    assert _error(out, q, k, v, causal) <= TOLERANCE["float8_e4m3fn"]
+
+
 def test_convenience_path_quantizes_like_quantize_fp8(device):
     q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
     direct = attention_fp8(q, k, v, config=SMALL, scaling="per_head", hadamard=True, fmt="e4m3")

@@ -57,6 +57,9 @@ def test_matrix(name, shape, dtype):
         dict(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2),
         dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=2),
         dict(access="tensor_desc", warp_specialize=True, BLOCK_M=64, BLOCK_N=64, num_stages=2),
+        # persistent grids: 132 or 264 programs loop over 512 tiles
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2, persistent=1),
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=2, persistent=2, tile_order="head"),
     ],
 )
 def test_hopper_knobs(config, dtype):
@@ -189,6 +192,25 @@ def test_fp8_modes(fmt, scaling, access):
     ref, _ = reference_attention(q, k, v, causal=True)
     report = compare(out.float(), ref)
     assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn" if fmt == "e4m3" else "float8_e5m2"]
+
+
+@pytest.mark.skipif(not HOPPER, reason="warp specialization needs sm_90")
+@pytest.mark.parametrize("fp8_pv", ["separate", "inplace"])
+@pytest.mark.parametrize("persistent", [0, 1])
+def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
+    """The FP8 default's kernel family (128x256 tiles, TMA, warp-specialized, persistent or
+    not) on per-block + Hadamard inputs whose 256-row V blocks each have their own descale."""
+    from fa_autotune import attention_fp8
+    from fa_autotune.reference import TOLERANCE, compare, reference_attention
+
+    q, k, v = make_qkv(2, 8, 8, 2048, 2048, 128, torch.float16, "cuda")
+    v = v * torch.logspace(-1, 1, 8, device="cuda").repeat_interleave(256)[None, None, :, None].half()
+    config = dict(BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc", warp_specialize=True,
+                  persistent=persistent, fp8_pv=fp8_pv)
+    out = attention_fp8(q, k, v, config=config, block_k=256)
+    ref, _ = reference_attention(q, k, v)
+    report = compare(out.float(), ref)
+    assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn"]
 
 
 @pytest.mark.parametrize("scaling", ["per_tensor", "per_head", "per_block"])

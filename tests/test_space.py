@@ -27,6 +27,12 @@ def test_arch_overrides_and_grid():
     assert hopper and all(c.loop_order == "q_outer" for c in hopper)  # kv_outer/split_kv excluded at N=4096
     assert any(c.warp_specialize for c in hopper) and any(c.access == "tensor_desc" for c in hopper)
     assert all(c.num_stages == 2 for c in hopper if c.warp_specialize)
+    # a persistent grid only under warp specialization; the FP8 knobs stay at their defaults
+    assert any(c.persistent for c in hopper) and all(c.warp_specialize for c in hopper if c.persistent)
+    assert {(c.fp8_pv, c.tile_order) for c in hopper} == {("separate", "seq")}
+    fp8 = space.for_arch("sm90").grid(problem.with_dtype("float8_e4m3fn"))
+    assert {c.fp8_pv for c in fp8} == {"separate", "inplace"} and {c.tile_order for c in fp8} == {"seq", "head"}
+    assert all(c.loop_order == "q_outer" and c.BLOCK_N >= 32 for c in fp8)
     ampere = space.for_arch("sm80").grid(problem)
     assert ampere and not any(c.access == "tensor_desc" or c.warp_specialize for c in ampere)
     decode = Problem(1, 32, 8, 1, 8192, 128, "float16")
