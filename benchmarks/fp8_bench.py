@@ -32,16 +32,13 @@ _WS = dict(num_warps=4, num_stages=2, access="tensor_desc", warp_specialize=True
 _PTR = dict(num_stages=3, access="pointer")
 KERNELS = [dict(BLOCK_M=128, BLOCK_N=256, **_WS, persistent=1, block_k=256),
            dict(BLOCK_M=128, BLOCK_N=256, **_WS, persistent=1, tile_order="head", block_k=256),
-           dict(BLOCK_M=128, BLOCK_N=256, **_WS, persistent=1, fp8_pv="inplace", block_k=256),
            dict(BLOCK_M=128, BLOCK_N=256, **_WS, block_k=256),
            dict(BLOCK_M=128, BLOCK_N=256, **_WS, tile_order="head", block_k=256),
            dict(BLOCK_M=128, BLOCK_N=128, **_WS, persistent=1),
            dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3, access="tensor_desc", block_k=256),
-           # Without warp specialization (the only kind Triton 3.6 runs causal), each with the
-           # PV product separate and in place.
-           *[dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, **_PTR, fp8_pv=pv, **({"block_k": 256} if bn == 256 else {}))
-             for bm, bn, w in ((128, 256, 8), (64, 128, 4), (128, 64, 4), (128, 128, 8))
-             for pv in ("separate", "inplace")]]
+           # Without warp specialization (the only kind Triton 3.6 runs causal).
+           *[dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, **_PTR, **({"block_k": 256} if bn == 256 else {}))
+             for bm, bn, w in ((128, 256, 8), (64, 128, 4), (128, 64, 4), (128, 128, 8))]]
 TINY_KERNELS = [dict(BLOCK_M=32, BLOCK_N=32), dict(BLOCK_M=32, BLOCK_N=64, block_k=64)]
 TOP = 3
 

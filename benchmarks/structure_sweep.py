@@ -62,7 +62,7 @@ def variants(problem: Problem) -> list[tuple[str, str, KernelConfig]]:
     for base_name, base in BASES.items():
         for knob, change in knobs(base).items():
             params = dict(base, **change)
-            if params.get("warp_specialize") and (problem.causal or params.get("persistent")):
+            if params.get("warp_specialize") and problem.causal:
                 continue
             try:
                 out.append((base_name, knob, KernelConfig.from_mapping(params)))

@@ -20,7 +20,7 @@ from .config import KernelConfig
 from .errors import ConfigError, InputError
 from .defaults import default_for
 from .dispatch import DISPATCHER, Choice, gpu_of
-from .launch import allocate_outputs, check_config, check_fp8_scales, resolve_scale, run, tma_compatible
+from .launch import allocate_outputs, check_config, check_fp8_scales, per_block, resolve_scale, run, tma_compatible
 from .problem import Problem, problem_from_tensors
 
 if TYPE_CHECKING:
@@ -189,18 +189,21 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
 
 
 def _within_scale_blocks(config: KernelConfig, inputs) -> KernelConfig:
-    """The same kernel with tiles no larger than the inputs' per-block scaling blocks."""
-    block_m, block_n = config.BLOCK_M, config.BLOCK_N
-    if inputs.q_scale.shape[2] > 1 and inputs.q_scale.stride(2):
+    """The same kernel with tiles no larger than the inputs' per-block scaling blocks, and
+    its PV products kept separate when V has per-block descales."""
+    block_m, block_n, pv = config.BLOCK_M, config.BLOCK_N, config.fp8_pv
+    if per_block(inputs.q_scale):
         block_m = min(block_m, inputs.block_q)
-    if inputs.k_scale.shape[2] > 1 and inputs.k_scale.stride(2):
+    if per_block(inputs.k_scale):
         block_n = min(block_n, inputs.block_k)
-    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n)
+    if per_block(inputs.v_scale):
+        pv = "separate"
+    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n, fp8_pv=pv)
 
 
 def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
     check_config(config, problem, inputs.q, inputs.k, inputs.v)
-    check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.block_q, inputs.block_k)
+    check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
 
 
 def _check_scales(inputs, problem: Problem) -> None:
@@ -229,10 +232,10 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
 
 
 def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
-    """``config``, or the same tiles without TMA / warp specialization, if these tensors
-    need that; None if neither can run them."""
+    """``config``, or the same tiles without TMA / warp specialization (and then without
+    its persistent grid), if these tensors need that; None if neither can run them."""
     if config.access == "tensor_desc" and not tma_compatible(problem, q, k, v):
-        config = _without_warp_specialization(config.with_(access="block_ptr"))
+        config = _without_warp_specialization(config, access="block_ptr")
     for candidate in (config, _without_warp_specialization(config)):
         try:
             check_config(candidate, problem, q, k, v)
@@ -242,12 +245,14 @@ def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | No
     return None
 
 
-def _without_warp_specialization(config: KernelConfig) -> KernelConfig:
-    """The same tiles unspecialized; a persistent grid goes too, since it was chosen for the
-    producer warps' overlap (without them it measured 0.87x)."""
-    if not config.warp_specialize:
-        return config
-    return config.with_(warp_specialize=False, persistent=0)
+def _without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig:
+    """The same tiles unspecialized (with ``changes``, in one step: a half-changed config may
+    not validate); a persistent grid goes too, since it was chosen for the producer warps'
+    overlap: the FP8 128x256 kernel ran at 0.38x on it without them
+    (benchmarks/results/2026-11-30-h200-fp8-structure.md)."""
+    if config.warp_specialize:
+        changes.update(warp_specialize=False, persistent=0)
+    return config.with_(**changes)
 
 
 def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:

@@ -75,7 +75,7 @@ def kernel_inputs(config: KernelConfig, problem: Problem, device: str, seed: int
     x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard, fmt=fmt_of(problem.dtype),
                      block_q=block_q, block_k=block_k)
     check_config(config, problem, x.q, x.k, x.v)
-    check_fp8_scales(config, x.q_scale, x.k_scale, x.block_q, x.block_k)
+    check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
     return (x.q, x.k, x.v), x.scales, source
 
 

@@ -64,12 +64,21 @@ def _check_fp8(config: KernelConfig, capability: tuple[int, int] | None, q, k, v
         raise ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}")
 
 
-def check_fp8_scales(config: KernelConfig, q_scale, k_scale, block_q: int, block_k: int) -> None:
-    """Per-block descales are read once per tile, so a tile must not straddle two blocks."""
-    if q_scale.shape[2] > 1 and q_scale.stride(2) and block_q % config.BLOCK_M:
+def check_fp8_scales(config: KernelConfig, q_scale, k_scale, v_scale, block_q: int, block_k: int) -> None:
+    """Per-block descales are read once per tile, so a tile must not straddle two blocks;
+    a PV product accumulated in place can only be descaled once, so V needs one descale."""
+    if per_block(q_scale) and block_q % config.BLOCK_M:
         raise ConfigError("BLOCK_M", f"{config.BLOCK_M} does not divide the Q scaling block ({block_q} rows)")
-    if k_scale.shape[2] > 1 and k_scale.stride(2) and block_k % config.BLOCK_N:
+    if per_block(k_scale) and block_k % config.BLOCK_N:
         raise ConfigError("BLOCK_N", f"{config.BLOCK_N} does not divide the K/V scaling block ({block_k} rows)")
+    if config.fp8_pv == "inplace" and per_block(v_scale):
+        raise ConfigError("fp8_pv", "'inplace' needs one V descale per head (per_tensor or per_head scaling); "
+                          "per-block V descales need 'separate'")
+
+
+def per_block(scale) -> bool:
+    """Whether a (batch, heads, blocks) descale tensor holds more than one descale per head."""
+    return scale.shape[2] > 1 and scale.stride(2) != 0
 
 
 def _check_tma_layout(name: str, t: "torch.Tensor") -> None:

@@ -258,16 +258,21 @@ def test_results_api_returns_dataclasses(tmp_path):
 
 
 @pytest.mark.parametrize("persistent", [0, 1])
-def test_borrowed_config_that_cannot_run_degrades(isolated, persistent):
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_borrowed_config_that_cannot_run_degrades(isolated, persistent, layout):
     """A warp-specialized winner of N=64 borrowed for a ragged, causal N=63 problem: it runs
-    unspecialized, and without the persistent grid that was chosen for the producer warps."""
+    unspecialized, and without the persistent grid that was chosen for the producer warps;
+    on tensors TMA cannot read (head dim not contiguous) over block pointers as well."""
     ws = KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_M=16, BLOCK_N=16,
                       persistent=persistent)
     write_file(isolated, [(Problem(1, 2, 2, 64, 64, 16, "float16", causal=True), ws)])
     q, k, v = make_qkv(1, 2, 2, 63, 63, 16)
+    if layout == "strided":
+        q, k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (q, k, v))
     info = fa_autotune.explain(q, k, v, causal=True)
     assert info["source"] == "shipped"
-    assert info["config"] == ws.with_(warp_specialize=False, persistent=0).to_dict()
+    access = "tensor_desc" if layout == "contiguous" else "block_ptr"
+    assert info["config"] == ws.with_(warp_specialize=False, persistent=0, access=access).to_dict()
     assert_close_to_reference(fa_autotune.attention(q, k, v, causal=True), q, k, v, causal=True)
 
 

@@ -34,21 +34,45 @@ def test_each_scaling_mode_matches_float32(device, fmt, dtype, scaling, causal):
     assert torch.allclose(lse, ref_lse, atol=2 * TOLERANCE[dtype])  # one score's FP8 error at most
 
 
-@pytest.mark.parametrize("fp8_pv", ["separate", "inplace"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_per_block_scales_far_apart(device, causal, fp8_pv):
+def test_per_block_scales_far_apart(device, causal):
     """V blocks whose magnitudes differ by 10^4: each V tile's descale must reach its PV
-    product (or, in place, move the accumulator at every block boundary), and K's blocks
-    change the score scale, so any slip there is a large error, not a rounding one."""
+    product, and K's blocks change the score scale, so any slip there is a large error,
+    not a rounding one."""
     q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float16, device)
     for i, factor in enumerate((1.0, 100.0, 0.01, 10.0)):
         v[:, :, 32 * i:32 * (i + 1)] *= factor
         k[:, :, 32 * i:32 * (i + 1)] *= factor ** 0.25
     inputs = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
     assert inputs.v_scale.amax() / inputs.v_scale.amin() > 1e3
-    out = attention_fp8(inputs, causal=causal, config=dict(BLOCK_M=16, BLOCK_N=32, fp8_pv=fp8_pv),
-                       out_dtype=torch.float16)
+    out = attention_fp8(inputs, causal=causal, config=dict(BLOCK_M=16, BLOCK_N=32), out_dtype=torch.float16)
     assert _error(out, q, k, v, causal) <= TOLERANCE["float8_e4m3fn"]
+
+
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_head"])
+@pytest.mark.parametrize("rescale_threshold", [0, 4])
+def test_inplace_pv_product(device, scaling, rescale_threshold):
+    """fp8_pv='inplace' accumulates raw PV products and descales V once in the epilogue:
+    the same result as separate PV products for one V descale per head (heads 1000x apart
+    here, so a wrong head's descale shows), refused for per-block V descales, and a
+    dispatched config falls back to 'separate' for them."""
+    from fa_autotune.api import _fp8_usable
+    from fa_autotune.problem import Problem
+
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float16, device)
+    v[:, 1] *= 1000.0
+    config = dict(BLOCK_M=16, BLOCK_N=32, fp8_pv="inplace", rescale_threshold=rescale_threshold)
+    x = quantize_fp8(q, k, v, scaling=scaling)
+    for causal in (False, True):
+        inplace = attention_fp8(x, causal=causal, config=config, out_dtype=torch.float16)
+        separate = attention_fp8(x, causal=causal, config=dict(config, fp8_pv="separate"), out_dtype=torch.float16)
+        report = compare(inplace.float(), separate.float())
+        assert report.finite and report.rel < 5e-3
+    blocks = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    with pytest.raises(ConfigError, match="fp8_pv"):
+        attention_fp8(blocks, config=config)
+    problem = Problem(1, 2, 2, 100, 100, 32, "float8_e4m3fn")
+    assert _fp8_usable(fa_autotune.KernelConfig(**config), problem, blocks, explicit=False).fp8_pv == "separate"
 
 
 def test_convenience_path_quantizes_like_quantize_fp8(device):

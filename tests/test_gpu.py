@@ -60,6 +60,7 @@ def test_matrix(name, shape, dtype):
         # persistent grids: 132 or 264 programs loop over 512 tiles
         dict(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2, persistent=1),
         dict(access="tensor_desc", warp_specialize=True, BLOCK_N=64, num_stages=2, persistent=2, tile_order="head"),
+        dict(access="tensor_desc", warp_specialize=True, BLOCK_M=64, BLOCK_N=64, num_stages=2, persistent=1, q_tiles=2),
     ],
 )
 def test_hopper_knobs(config, dtype):
@@ -199,7 +200,8 @@ def test_fp8_modes(fmt, scaling, access):
 @pytest.mark.parametrize("persistent", [0, 1])
 def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
     """The FP8 default's kernel family (128x256 tiles, TMA, warp-specialized, persistent or
-    not) on per-block + Hadamard inputs whose 256-row V blocks each have their own descale."""
+    not) on inputs whose 256-row V blocks differ 100-fold: per-block + Hadamard (each block
+    its own descale) for separate PV products, per-head + Hadamard for in-place ones."""
     from fa_autotune import attention_fp8
     from fa_autotune.reference import TOLERANCE, compare, reference_attention
 
@@ -207,7 +209,8 @@ def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
     v = v * torch.logspace(-1, 1, 8, device="cuda").repeat_interleave(256)[None, None, :, None].half()
     config = dict(BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc", warp_specialize=True,
                   persistent=persistent, fp8_pv=fp8_pv)
-    out = attention_fp8(q, k, v, config=config, block_k=256)
+    scaling = "per_block" if fp8_pv == "separate" else "per_head"
+    out = attention_fp8(q, k, v, config=config, scaling=scaling, block_k=256)
     ref, _ = reference_attention(q, k, v)
     report = compare(out.float(), ref)
     assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn"]

@@ -33,6 +33,7 @@ def test_arch_overrides_and_grid():
     fp8 = space.for_arch("sm90").grid(problem.with_dtype("float8_e4m3fn"))
     assert {c.fp8_pv for c in fp8} == {"separate", "inplace"} and {c.tile_order for c in fp8} == {"seq", "head"}
     assert all(c.loop_order == "q_outer" and c.BLOCK_N >= 32 for c in fp8)
+    assert not any(c.fp8_pv == "inplace" and c.fp8_scaling == "per_block" for c in fp8)
     ampere = space.for_arch("sm80").grid(problem)
     assert ampere and not any(c.access == "tensor_desc" or c.warp_specialize for c in ampere)
     decode = Problem(1, 32, 8, 1, 8192, 128, "float16")
