@@ -58,7 +58,7 @@ class KernelConfig:
     fp8_scaling: str = "per_block"
     fp8_hadamard: bool = True
     # FP8 kernels: "separate" PV products descaled as they are added to the accumulator, or
-    # "inplace" accumulation with the V descale folded into the softmax rescale.
+    # "inplace" accumulation descaled once in the epilogue (one V descale per head only).
     fp8_pv: str = "separate"
 
     def __post_init__(self) -> None:
