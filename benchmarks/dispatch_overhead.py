@@ -24,9 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fa_autotune  # noqa: E402
-from fa_autotune.bench import environment, time_callable  # noqa: E402
-from fa_autotune.codegen import load_module  # noqa: E402
-from fa_autotune.config import KernelConfig  # noqa: E402
+from fa_autotune.kernels.launcher import prepare  # noqa: E402
+from fa_autotune.spec.config import KernelConfig  # noqa: E402
+from fa_autotune.spec.target import environment  # noqa: E402
+from fa_autotune.tune.measure import time_callable  # noqa: E402
 
 CALLS, ROUNDS = 1000, 21
 
@@ -56,15 +57,16 @@ def main() -> None:
     info = fa_autotune.explain(q, k, v)
     config = KernelConfig.from_mapping(info["config"])
     out = torch.empty_like(q)
-    run = load_module(config).prepare(q, k, v, out, None, 64 ** -0.5, 0, False)
+    run = prepare(config, q, k, v, out, None, 64 ** -0.5, 0, False)
     run(q, k, v, out, None)
     torch.testing.assert_close(fa_autotune.attention(q, k, v), out)
-    (launch,) = run.launches
+    ((launch, call_args),) = run.arguments(q, k, v, out, None)
     jit = launch.kernel[launch.grid]
+    rest = call_args[4:]  # everything after Q, K, V and Out: the LSE (None), descales (None), scalars
 
     def hand_written():
         o = torch.empty_like(q)
-        jit(q, k, v, o, o, *run.scalars, **launch.meta)
+        jit(q, k, v, o, *rest, **launch.meta)
         return o
 
     def raw_with_alloc():

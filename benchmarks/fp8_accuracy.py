@@ -17,7 +17,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 from fa_autotune import attention_fp8  # noqa: E402
-from fa_autotune.reference import compare, reference_attention  # noqa: E402
+from fa_autotune.tune.reference import compare, reference_attention  # noqa: E402
 
 RECIPES = [(s, h) for s in ("per_tensor", "per_head", "per_block") for h in (False, True)]
 

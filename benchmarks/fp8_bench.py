@@ -12,7 +12,7 @@ every recipe (per_tensor / per_head / per_block x Hadamard or not) on the sweep'
 kernels, and the quantize-for-me path (fused quantization + kernel), all timed in
 interleaved rounds. Recipes are timed on prequantized e4m3 inputs (kernel only). Errors are
 relative to float32 attention on the unquantized inputs, measured on LLM-like inputs with
-outlier channels (fa_autotune.bench.fp8_source_inputs). Writes DIR/fp8_bench.json and .md.
+outlier channels (fa_autotune.tune.inputs.fp8_source_inputs). Writes DIR/fp8_bench.json and .md.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ TOP = 3
 
 
 def problems(tiny: bool, seqlens: tuple[int, ...] = (4096, 16384)):
-    from fa_autotune.problem import Problem
+    from fa_autotune.spec.problem import Problem
 
     if tiny:
         return [Problem(1, 2, 2, 64, 64, 64, "float8_e4m3fn", causal=c) for c in (False, True)]
@@ -61,8 +61,8 @@ class Candidates:
     inputs once, then timed on prequantized inputs (kernel only)."""
 
     def __init__(self, problem, device: str) -> None:
-        from fa_autotune.bench import fp8_source_inputs, random_inputs
-        from fa_autotune.reference import reference_attention
+        from fa_autotune.tune.inputs import fp8_source_inputs, random_inputs
+        from fa_autotune.tune.reference import reference_attention
 
         self.problem = problem
         self.q16, self.k16, self.v16 = random_inputs(problem.with_dtype("float16"), device, seed=0)
@@ -72,8 +72,8 @@ class Candidates:
 
     def add(self, recipe: tuple[str, bool], kernel: dict) -> str | None:
         import fa_autotune
-        from fa_autotune.config import KernelConfig
-        from fa_autotune.reference import compare
+        from fa_autotune.spec.config import KernelConfig
+        from fa_autotune.tune.reference import compare
 
         scaling, hadamard = recipe
         blocks = {b: kernel[b] for b in ("block_q", "block_k") if b in kernel}
@@ -98,7 +98,7 @@ class Candidates:
 
 def time_all(calls: dict, contexts: dict, device: str, rounds: int, rep_ms: float) -> dict[str, float]:
     """Median ms per call over ``rounds`` interleaved rounds."""
-    from fa_autotune.bench import time_callable
+    from fa_autotune.tune.measure import time_callable
 
     samples = {key: [] for key in calls}
     for _ in range(rounds):
@@ -110,11 +110,10 @@ def time_all(calls: dict, contexts: dict, device: str, rounds: int, rep_ms: floa
 
 def measure(problem, device: str, kernels: list[dict], rounds: int) -> dict:
     import fa_autotune
-    from fa_autotune.bench import tflops
-    from fa_autotune.benchmark import sdpa_call
-    from fa_autotune.api import _fp8_usable
-    from fa_autotune.dispatch import DISPATCHER
-    from fa_autotune.quantize import tile_blocks
+    from fa_autotune.bench import sdpa_call
+    from fa_autotune.runtime.api import _fp8_usable
+    from fa_autotune.runtime.dispatch import DISPATCHER
+    from fa_autotune.fp8.quantize import tile_blocks
 
     cand = Candidates(problem, device)
     swept = [key for kernel in kernels if (key := cand.add(DEFAULT_RECIPE, kernel))]
@@ -151,15 +150,15 @@ def measure(problem, device: str, kernels: list[dict], rounds: int) -> dict:
                 lambda b=backend: fa_autotune.quantize_fp8(q16, k16, v16, backend=b))
     calls.update({k: cand.calls[k] for k in cand.calls if k not in swept or cand.kernel[k] in top})
     ms = time_all(calls, contexts, device, rounds, 100)
-    rows = {k: {"ms": v, "tflops": tflops(problem, v), "vs_fp16_tuned": ms["fp16 tuned"] / v}
+    rows = {k: {"ms": v, "tflops": problem.tflops(v), "vs_fp16_tuned": ms["fp16 tuned"] / v}
             for k, v in ms.items() if k not in cand.recipe}
     for key, value in ms.items():
         if key in cand.recipe:
             recipe = cand.recipe[key]
             if recipe not in rows or value < rows[recipe]["ms"]:
-                rows[recipe] = {"ms": value, "tflops": tflops(problem, value), "rel_error": cand.errors[key],
+                rows[recipe] = {"ms": value, "tflops": problem.tflops(value), "rel_error": cand.errors[key],
                                 "kernel": key.split(" / ")[1], "vs_fp16_tuned": ms["fp16 tuned"] / value}
-    sweep_rows = {k.split(" / ")[1]: {"ms": v, "tflops": tflops(problem, v), "rel_error": cand.errors[k]}
+    sweep_rows = {k.split(" / ")[1]: {"ms": v, "tflops": problem.tflops(v), "rel_error": cand.errors[k]}
                   for k, v in sorted(sweep.items(), key=lambda kv: kv[1])}
     return {"problem": problem.key, "rows": rows, "sweep": sweep_rows, "failed": cand.failed}
 
@@ -193,7 +192,7 @@ def markdown(summary: dict) -> str:
 
 def merge(paths: list[str]) -> dict:
     """One summary from parts run on GPUs of the same model and software."""
-    from fa_autotune.benchmark import _SAME_STACK
+    from fa_autotune.bench import _SAME_STACK
 
     parts = [json.loads((Path(p) / "fp8_bench.json").read_text()) for p in paths]
     for path, part in zip(paths[1:], parts[1:]):
@@ -221,7 +220,7 @@ def main() -> int:
     else:
         if args.tiny:
             os.environ["TRITON_INTERPRET"] = "1"
-        from fa_autotune.bench import environment
+        from fa_autotune.spec.target import environment
 
         device = "cpu" if args.tiny else "cuda"
         kernels = TINY_KERNELS if args.tiny else KERNELS

@@ -12,8 +12,9 @@ from __future__ import annotations
 import statistics
 
 import fa_autotune
-from fa_autotune.bench import random_inputs, time_callable
-from fa_autotune.problem import Problem
+from fa_autotune.tune.inputs import random_inputs
+from fa_autotune.tune.measure import time_callable
+from fa_autotune.spec.problem import Problem
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -24,15 +25,16 @@ from pathlib import Path
 import torch
 
 import fa_autotune
-from fa_autotune import launch
-from fa_autotune.bench import fp8_source_inputs, random_inputs, time_callable, tflops
-from fa_autotune.config import KernelConfig
-from fa_autotune.problem import Problem
-from fa_autotune.reference import compare, reference_attention
+from fa_autotune.kernels import checks, launcher
+from fa_autotune.tune.inputs import fp8_source_inputs, random_inputs
+from fa_autotune.tune.measure import time_callable
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.reference import compare, reference_attention
 
 TILE_256 = dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc")
 WS_128 = dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, access="tensor_desc", warp_specialize=True)
-_REAL_LOAD = launch.load_module
+_REAL_LOAD = launcher.load_module
 _OVERRIDE: dict[str, object] = {}
 
 
@@ -43,7 +45,8 @@ def _edited_module(config: KernelConfig, where: str):
         src = src.replace("for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):",
                           "for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), warp_specialize=True):")
     if where in ("inner", "both"):
-        src = src.replace("IS_CAUSAL, False, DOT_PRECISION, False, True)", "IS_CAUSAL, False, DOT_PRECISION, True, True)")
+        src = re.sub(r"(MASKED=False, DOT_PRECISION=DOT_PRECISION,\s*)WARP_SPECIALIZE=False", r"\1WARP_SPECIALIZE=True",
+                     src)
     path = Path(tempfile.mkdtemp()) / f"{config.name}_{where}.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -70,7 +73,7 @@ def _time(calls: dict, rep_ms: float) -> dict[str, float]:
 
 
 def persistent() -> list[dict]:
-    launch.load_module = lambda cfg: _OVERRIDE.get(cfg.name) or _REAL_LOAD(cfg)
+    launcher.load_module = lambda cfg: _OVERRIDE.get(cfg.name) or _REAL_LOAD(cfg)
     rows = []
     for n in (4096, 16384):
         problem = Problem(16384 // n, 16, 16, n, n, 128, "float8_e4m3fn")
@@ -93,7 +96,7 @@ def persistent() -> list[dict]:
             calls[name] = run
         ms = _time(calls, 100)
         for name, value in ms.items():
-            rows.append(dict(n=n, kernel=name, ms=value, tflops=tflops(problem, value),
+            rows.append(dict(n=n, kernel=name, ms=value, tflops=problem.tflops(value),
                              vs_fp16=ms["fp16 tuned"] / value, rel_error=errors.get(name)))
             print(f"N={n:6d} {name:18s} {value:7.3f} ms {rows[-1]['tflops']:6.0f} TFLOPS "
                   f"{rows[-1]['vs_fp16']:5.2f}x err={errors.get(name)}", flush=True)
@@ -101,7 +104,7 @@ def persistent() -> list[dict]:
 
 
 def causal_ws() -> list[dict]:
-    launch._check_warp_specialize = lambda config, problem, capability: None
+    checks._check_warp_specialize = lambda config, problem, capability: None
     rows = []
     for n, batch in ((4096, 4), (16384, 1), (2048, 2)):
         for fp8 in (True, False):
@@ -127,7 +130,7 @@ def causal_ws() -> list[dict]:
                 except Exception as exc:  # the outcome being measured
                     print(n, problem.dtype, name, "FAILED", type(exc).__name__, str(exc)[:200], flush=True)
             for name, value in _time(calls, 60).items():
-                rows.append(dict(n=n, dtype=problem.dtype, kernel=name, ms=value, tflops=tflops(problem, value),
+                rows.append(dict(n=n, dtype=problem.dtype, kernel=name, ms=value, tflops=problem.tflops(value),
                                  errors=errors[name]))
                 print(f"N={n:6d} {problem.dtype:14s} {name:24s} {value:7.3f} ms {rows[-1]['tflops']:6.0f} TFLOPS "
                       f"errs={errors[name]}", flush=True)

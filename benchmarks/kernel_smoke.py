@@ -17,15 +17,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa_autotune.bench import (  # noqa: E402
-    check_config_correct, environment, peak_extra_bytes, random_inputs, tflops, time_callable, time_config,
-)
-from fa_autotune.benchmark import sdpa_call  # noqa: E402
-from fa_autotune.config import KernelConfig  # noqa: E402
-from fa_autotune.defaults import default_for  # noqa: E402
-from fa_autotune.target import detect_gpu  # noqa: E402
-from fa_autotune.problem import Problem  # noqa: E402
-from fa_autotune.reference import compare, reference_attention  # noqa: E402
+from fa_autotune.bench import sdpa_call  # noqa: E402
+from fa_autotune.spec.target import environment  # noqa: E402
+from fa_autotune.tune.inputs import TrialInputs, random_inputs  # noqa: E402
+from fa_autotune.tune.measure import check_correct, peak_extra_bytes, time_callable, time_config  # noqa: E402
+from fa_autotune.spec.config import KernelConfig  # noqa: E402
+from fa_autotune.spec.defaults import default_for  # noqa: E402
+from fa_autotune.spec.target import detect_gpu  # noqa: E402
+from fa_autotune.spec.problem import Problem  # noqa: E402
+from fa_autotune.tune.reference import compare, reference_attention  # noqa: E402
 from fa_autotune import attention  # noqa: E402
 
 SWEEP = [
@@ -44,10 +44,11 @@ def timing_rows():
         for causal in (False, True):
             problem = Problem(4, 16, 16, 4096, 4096, 128, dtype, causal)
             cfg = default_for(problem, detect_gpu())
-            err = check_config_correct(cfg, problem, "cuda")
+            inputs = TrialInputs.build(cfg, problem, "cuda")
+            err = check_correct(cfg, problem, inputs)
             row = {"problem": problem.key, "dtype": dtype, "causal": causal, "default_config": cfg.name,
                    "default_rel_err": err.rel, "default_ok": err.passes(dtype)}
-            row["default_ms"] = time_config(cfg, problem).median_ms
+            row["default_ms"] = time_config(cfg, problem, inputs).median_ms
             q, k, v = random_inputs(problem, "cuda")
             ref, _ = reference_attention(q, k, v, causal=causal)
             for backend in ("cudnn", "flash"):
@@ -56,7 +57,7 @@ def timing_rows():
                     row[f"{backend}_rel_err"] = compare(fn(), ref).rel
                     row[f"{backend}_ms"] = time_callable(fn).median_ms
             for name in ("default", "cudnn", "flash"):
-                row[f"{name}_tflops"] = tflops(problem, row[f"{name}_ms"])
+                row[f"{name}_tflops"] = problem.tflops(row[f"{name}_ms"])
             row["default_vs_cudnn"] = row["cudnn_ms"] / row["default_ms"]
             rows.append(row)
     return rows
@@ -84,13 +85,14 @@ def sweep_rows():
                 for params in SWEEP:
                     cfg = KernelConfig(access=access, **params)
                     try:
-                        ok = check_config_correct(cfg, problem, "cuda").passes("float16")
-                        ms = time_config(cfg, problem).median_ms if ok else float("nan")
+                        inputs = TrialInputs.build(cfg, problem, "cuda")
+                        ok = check_correct(cfg, problem, inputs).passes("float16")
+                        ms = time_config(cfg, problem, inputs).median_ms if ok else float("nan")
                     except Exception as exc:  # keep sweeping; record why
                         ok, ms = False, float("nan")
                         print(f"{cfg.name} {problem.key}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
                     rows.append({"problem": problem.key, "config": cfg.name, "ok": ok, "ms": ms,
-                                 "tflops": tflops(problem, ms) if ok else 0.0})
+                                 "tflops": problem.tflops(ms) if ok else 0.0})
     return rows
 
 

@@ -27,10 +27,10 @@ def main() -> int:
     import torch
 
     import fa_autotune
-    from fa_autotune.bench import random_inputs
-    from fa_autotune.benchmark import sdpa_call
-    from fa_autotune.problem import Problem
-    from fa_autotune.reference import compare, reference_attention
+    from fa_autotune.bench import sdpa_call
+    from fa_autotune.tune.inputs import random_inputs
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.tune.reference import compare, reference_attention
 
     heads = 2048 // args.head_dim
     problem = Problem(16384 // args.seqlen, heads, heads, args.seqlen, args.seqlen, args.head_dim, args.dtype,

@@ -5,7 +5,7 @@ Step 1 (GPU): measure every valid config of a problem with the grid sampler:
 Step 2 (anywhere, no GPU): replay samplers against those measurements:
     python3 benchmarks/sample_efficiency.py --db URL --out DIR [--seeds 20]
 
-The replay runs the tuner's own sampler settings (fa_autotune.search.make_sampler) and
+The replay runs the tuner's own sampler settings (fa_autotune.tune.search.make_sampler) and
 proposal logic (SearchSpace.suggest) with Optuna; each proposed config's objective is its
 grid measurement, so a replay trial costs what a tuning trial that hits the database costs.
 Without warm start (the real tuner also enqueues defaults and neighbours' winners).
@@ -20,14 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa_autotune.config import KernelConfig  # noqa: E402
-from fa_autotune.defaults import default_for  # noqa: E402
-from fa_autotune.search import FAILED_VALUE, make_sampler  # noqa: E402
-from fa_autotune.space import load_space  # noqa: E402
+from fa_autotune.spec.config import KernelConfig  # noqa: E402
+from fa_autotune.spec.defaults import default_for  # noqa: E402
+from fa_autotune.tune.search import FAILED_VALUE, make_sampler  # noqa: E402
+from fa_autotune.spec.space import load_space  # noqa: E402
 from fa_autotune.store import connect  # noqa: E402
-from fa_autotune.store.queries import Filters, problem_of, trials  # noqa: E402
+from fa_autotune.store.filters import Filters  # noqa: E402
+from fa_autotune.store.queries import trials  # noqa: E402
 from fa_autotune.store.models import ProblemModel  # noqa: E402
-from fa_autotune.target import GpuInfo  # noqa: E402
+from fa_autotune.spec.target import GpuInfo  # noqa: E402
 
 TARGET = 1.02
 # The tuner answers a repeated proposal from the database; it costs no measurement, so
@@ -92,7 +93,7 @@ def main() -> None:
     space = load_space()
     results = []
     with db.session() as s:
-        problems = {p.key: problem_of(p) for p in s.query(ProblemModel).all()}
+        problems = {p.key: p.to_problem() for p in s.query(ProblemModel).all()}
     for key, values in sorted(grid_results(db, args.study).items()):
         problem = problems[key]
         gpu_name = trials(db, Filters(problem=key), limit=1)[0].gpu
@@ -141,7 +142,7 @@ def _gpu_of(db, problem_key: str) -> GpuInfo:
     with db.session() as s:
         gpu = s.scalar(select(GpuModel).join(MeasurementModel, MeasurementModel.gpu_id == GpuModel.id)
                        .join(P, MeasurementModel.problem_id == P.id).where(P.key == problem_key).limit(1))
-        return GpuInfo(gpu.name, gpu.capability, gpu.sm_count, gpu.memory_mb, gpu.driver)
+        return gpu.to_gpu()
 
 
 if __name__ == "__main__":

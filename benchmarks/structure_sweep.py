@@ -20,13 +20,16 @@ from pathlib import Path
 
 import torch
 
-from fa_autotune.aot import _worker_init, compile_for_tuning
-from fa_autotune.bench import environment, random_inputs, tflops, time_callable
-from fa_autotune.benchmark import _prepared, sdpa_call
-from fa_autotune.config import KernelConfig
+from fa_autotune.bench import _prepared, sdpa_call
+from fa_autotune.processes import compiler_init
+from fa_autotune.spec.target import environment
+from fa_autotune.tune.compile import compile_for_tuning
+from fa_autotune.tune.inputs import random_inputs
+from fa_autotune.tune.measure import time_callable
+from fa_autotune.spec.config import KernelConfig
 from fa_autotune.errors import ConfigError
-from fa_autotune.problem import Problem
-from fa_autotune.reference import compare, reference_attention
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.reference import compare, reference_attention
 
 PROBLEMS = [
     Problem(1, 16, 16, 16384, 16384, 128, "float16", causal=False),
@@ -109,11 +112,11 @@ def measure(problem: Problem, compiled: dict, rounds: int, rep_ms: float) -> dic
     for row in rows:
         if row["config"] in ms:
             row["ms"] = ms[row["config"]]
-            row["tflops"] = tflops(problem, row["ms"])
+            row["tflops"] = problem.tflops(row["ms"])
             row["vs_cudnn"] = ms["cudnn"] / row["ms"]
             if base_ms.get(row["base"]):
                 row["vs_base"] = base_ms[row["base"]] / row["ms"]
-    return {"problem": problem.key, "cudnn_ms": ms["cudnn"], "cudnn_tflops": tflops(problem, ms["cudnn"]), "rows": rows}
+    return {"problem": problem.key, "cudnn_ms": ms["cudnn"], "cudnn_tflops": problem.tflops(ms["cudnn"]), "rows": rows}
 
 
 class _null:
@@ -165,7 +168,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context, initializer=compiler_init) as pool:
         compiled = compile_all(pool)
     print(f"compiled {len(compiled)} variants", file=sys.stderr, flush=True)
     results = []

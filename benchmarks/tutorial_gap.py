@@ -13,26 +13,18 @@ from __future__ import annotations
 import argparse
 import math
 
-from sqlalchemy import select
-
-from fa_autotune.config import KernelConfig
-from fa_autotune.space import load_space
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.space import load_space
 from fa_autotune.store import connect
-from fa_autotune.store.models import ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel
+from fa_autotune.store.filters import Filters
+from fa_autotune.store.queries import trials
 
 
 def search_timings(url: str, gpu: str, template_hash: str) -> list[tuple[str, KernelConfig, float]]:
     """(problem key, config, median ms) of every passing search-phase measurement."""
-    stmt = (select(ProblemModel.key, ConfigModel.json, MeasurementModel.median_ms)
-            .join(ProblemModel, MeasurementModel.problem_id == ProblemModel.id)
-            .join(ConfigModel, MeasurementModel.config_id == ConfigModel.id)
-            .join(GpuModel, MeasurementModel.gpu_id == GpuModel.id)
-            .join(SoftwareModel, MeasurementModel.software_id == SoftwareModel.id)
-            .where(MeasurementModel.status == "ok", MeasurementModel.phase == "search",
-                   GpuModel.name.ilike(f"%{gpu}%"), SoftwareModel.template_hash == template_hash))
-    with connect(url).session() as s:
-        rows = s.execute(stmt).all()
-    return [(key, cfg, ms) for key, text, ms in rows if (cfg := KernelConfig.from_stored(text)) is not None]
+    rows = trials(connect(url), Filters(gpu=gpu, status="ok", template_hash=template_hash))
+    return [(r.problem, cfg, r.median_ms) for r in rows
+            if r.phase == "search" and (cfg := KernelConfig.from_stored(r.config)) is not None]
 
 
 def main() -> None:

@@ -2,16 +2,20 @@
 
 ``from fa_autotune import attention`` is all most users need. Importing the package is
 cheap: PyTorch, Triton, Jinja, Optuna and SQLAlchemy load only when first used.
+
+The pipeline, one package per stage: ``spec`` (problem, config, search space, tuned-result
+records) -> ``kernels`` (render, launch, ahead-of-time compile; ``fp8`` prepares FP8 inputs)
+-> ``tune`` (measure, search) -> ``store`` (the results database) -> ``runtime`` (exported
+files, dispatch, the public API); ``cli``, ``bench``, ``report`` and ``results`` on top.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .config import KernelConfig
+from ._version import __version__
 from .errors import ConfigError, FaAutotuneError, InputError
-from .problem import Problem
-
-__version__ = "0.1.0"
+from .spec.config import KernelConfig
+from .spec.problem import Problem
 
 __all__ = ["attention", "attention_fp8", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
            "InputError", "__version__"]
@@ -19,11 +23,11 @@ __all__ = ["attention", "attention_fp8", "explain", "quantize_fp8", "KernelConfi
 
 def __getattr__(name: str) -> Any:
     if name in ("attention", "attention_fp8", "explain"):
-        from . import api
+        from .runtime import api
 
         return getattr(api, name)
     if name == "quantize_fp8":
-        from .quantize import quantize_fp8
+        from .fp8.quantize import quantize_fp8
 
         return quantize_fp8
     raise AttributeError(f"module 'fa_autotune' has no attribute {name!r}")

@@ -1,179 +1,329 @@
-"""Correctness gate and timing: the two things every variant must pass through.
+"""``fa-autotune bench``: every attention provider, side by side, on the same inputs.
 
-Timing follows METHOD.md: CUDA events around the call (``triton.testing.do_bench``), L2
-flushed between repetitions, median with the 20th/80th percentiles as spread. Outputs are
-NaN-poisoned before a checked launch, so an element the kernel never writes fails.
+Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
+(our template tuned only over the Triton fused-attention tutorial's config list,
+search_spaces/tutorial.yaml), SDPA's ``flash``, ``cudnn`` and ``efficient`` backends, and
+``flex`` (FlexAttention under torch.compile). Each provider's output is checked against a
+float32 reference before it is timed; a wrong or unavailable provider is reported, not
+timed. Ratios are against cuDNN; geomeans per dtype; the matmul ceiling is measured in
+the same run.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import platform
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+import contextlib
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
 
-from .config import KernelConfig
-from .launch import allocate_outputs, check_config, resolve_scale, run
-from .problem import Problem
-from .reference import ErrorReport, compare, reference_attention
+import torch
 
-if TYPE_CHECKING:
-    import torch
+from .errors import FaAutotuneError
+from .kernels.checks import check_config
+from .kernels.launcher import prepare
+from .runtime import api
+from .spec.config import KernelConfig
+from .spec.defaults import default_for
+from .spec.problem import Problem
+from .spec.space import load_space
+from .spec.target import detect_gpu, detect_software, environment
+from .store import connect
+from .tune.inputs import random_inputs
+from .tune.measure import time_callable
+from .tune.reference import compare, reference_attention
+from .tune.search import TuneOptions, Tuner
 
-
-@dataclass(frozen=True)
-class Timing:
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-
-
-FP8_OUTLIER_CHANNELS = 4
-FP8_OUTLIER_FACTOR = 20.0
-
-
-def random_inputs(problem: Problem, device: str, seed: int | None = None):
-    """Fresh normal q, k, v in (B, H, N, D) layout (never zeros: they hide bugs)."""
-    import torch
-
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed if seed is not None else torch.seed())
-    dtype = getattr(torch, problem.dtype)
-
-    def one(heads: int, rows: int) -> "torch.Tensor":
-        shape = (problem.batch, heads, rows, problem.head_dim)
-        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    return one(problem.heads_q, problem.seqlen_q), one(problem.heads_kv, problem.seqlen_k), one(problem.heads_kv, problem.seqlen_k)
+PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex")
+BASELINE = "cudnn"
 
 
-def fp8_source_inputs(problem: Problem, device: str, seed: int | None = None):
-    """What FP8 accuracy is judged on: float32 q, k, v like LLM activations, normal data
-    (std 0.25) with FP8_OUTLIER_CHANNELS channels of Q and K FP8_OUTLIER_FACTOR times larger,
-    the outliers that per-block scaling and incoherent processing are for."""
-    import torch
-
-    q, k, v = random_inputs(problem.with_dtype("float32"), device, seed)
-    channels = torch.arange(FP8_OUTLIER_CHANNELS, device=device) * (problem.head_dim // FP8_OUTLIER_CHANNELS)
-    q, k = q * 0.25, k * 0.25
-    q[..., channels] *= FP8_OUTLIER_FACTOR
-    k[..., channels] *= FP8_OUTLIER_FACTOR
-    return q, k, v
+@dataclass
+class Cell:
+    provider: str
+    status: str  # ok, wrong_result, unavailable
+    ms: float | None = None
+    tflops: float | None = None
+    rel_error: float | None = None
+    detail: str = ""
 
 
-def kernel_inputs(config: KernelConfig, problem: Problem, device: str, seed: int | None = None):
-    """((q, k, v) the kernel reads, FP8 scales or None, (q, k, v) the reference reads), with
-    ``config`` checked against them. FP8 problems quantize as the config's recipe says."""
-    if not problem.is_fp8:
-        q, k, v = random_inputs(problem, device, seed)
-        check_config(config, problem, q, k, v)
-        return (q, k, v), None, (q, k, v)
-    from .launch import check_fp8_scales
-    from .quantize import fmt_of, quantize_fp8, tile_blocks
+@dataclass
+class Row:
+    problem: str
+    dtype: str
+    cells: dict[str, Cell] = field(default_factory=dict)
 
-    source = fp8_source_inputs(problem, device, seed)
-    block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
-    x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard, fmt=fmt_of(problem.dtype),
-                     block_q=block_q, block_k=block_k)
-    check_config(config, problem, x.q, x.k, x.v)
-    check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
-    return (x.q, x.k, x.v), x.scales, source
-
-
-def check_config_correct(config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> ErrorReport:
-    """Run ``config`` once on fresh inputs into a NaN-filled output; compare with fp32
-    attention on the same (for FP8: the unquantized) inputs."""
-    (q, k, v), scales, source = kernel_inputs(config, problem, device, seed)
-    out, _ = allocate_outputs(q, problem, return_lse=False)
-    out.fill_(float("nan"))
-    scale = resolve_scale(None, problem.head_dim)
-    run(config, problem, q, k, v, scale, out, None, scales)
-    ref, _ = reference_attention(*source, causal=problem.causal, scale=scale, causal_align=problem.causal_align)
-    return compare(out, ref)
-
-
-def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> Timing:
-    """Median and 20/80 percentiles of ``fn`` in ms, L2 flushed before each repetition.
-
-    On the CPU (Triton's interpreter) a few wall-clock runs stand in: such numbers time
-    the interpreter, never a GPU, and are labelled so wherever they are shown.
-    """
-    if device == "cpu":
-        import statistics
-        import time
-
-        fn()
-        samples = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
-        samples.sort()
-        return Timing(statistics.median(samples), samples[0], samples[-1])
-    from triton.testing import do_bench
-
-    median, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-    return Timing(float(median), float(p20), float(p80))
-
-
-def time_config(config: KernelConfig, problem: Problem, device: str = "cuda", rep_ms: float = 100) -> Timing:
-    """Time ``config`` on ``problem`` (outputs preallocated, as the kernel alone costs; FP8
-    inputs quantized beforehand)."""
-    (q, k, v), scales, _ = kernel_inputs(config, problem, device)
-    out, _ = allocate_outputs(q, problem, return_lse=False)
-    scale = resolve_scale(None, problem.head_dim)
-    return time_callable(lambda: run(config, problem, q, k, v, scale, out, None, scales), rep_ms=rep_ms,
-                         device=device)
-
-
-def peak_extra_bytes(fn: Callable[[], object]):
-    """(result, peak GPU memory ``fn`` allocated beyond what was live before it)."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    result = fn()
-    torch.cuda.synchronize()
-    return result, torch.cuda.max_memory_allocated() - before
-
-
-def tflops(problem: Problem, ms: float) -> float:
-    return problem.flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
-
-
-def environment() -> dict:
-    """Date, GPU and software versions: what every committed result must carry."""
-    import torch
-    import triton
-
-    from . import __version__
-    from .codegen import template_hash
-
-    info = {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "fa_autotune": __version__,
-        "template_hash": template_hash(),
-    }
-    if torch.cuda.is_available():
-        from .target import detect_gpu
-
-        gpu = detect_gpu(0)
-        info.update(gpu=gpu.name, capability=gpu.capability, sm_count=gpu.sm_count, memory_mb=gpu.memory_mb,
-                    driver=gpu.driver)
-    return info
-
-
-def _driver_version() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+    def ratio(self, provider: str) -> float | None:
+        a, b = self.cells.get(provider), self.cells.get(BASELINE)
+        if a and b and a.ms and b.ms:
+            return b.ms / a.ms
         return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+class Unavailable(Exception):
+    """A provider that cannot run this problem here (missing backend, unsupported shape)."""
+
+
+def _prepared(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
+    check_config(config, problem, q, k, v)
+    out = torch.empty_like(q)
+    plan = prepare(config, q, k, v, out, None, problem.head_dim ** -0.5, problem.causal_offset, problem.causal)
+
+    def call():
+        o = torch.empty_like(q)
+        plan(q, k, v, o, None)
+        return o
+
+    return call
+
+
+def sdpa_call(backend: str, problem: Problem, q, k, v):
+    """SDPA restricted to one backend: (call, context factory that selects the backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    gqa = problem.heads_q != problem.heads_kv
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=gqa)
+
+    return call, (lambda: sdpa_kernel([chosen]))
+
+
+def _flex(problem: Problem, q, k, v):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # A fresh compile per problem: past Dynamo's recompile limit (8 shapes) torch.compile
+    # silently falls back to eager flex_attention, which materialises the score matrix.
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, dynamic=False)
+    mask = None
+    if problem.causal:
+        offset = problem.causal_offset
+        mask = create_block_mask(lambda b, h, qi, kv: kv <= qi + offset, None, None, problem.seqlen_q,
+                                 problem.seqlen_k, device=q.device)
+    gqa = problem.heads_q != problem.heads_kv
+    return lambda: compiled(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
+class Bench:
+    def __init__(self, providers: tuple[str, ...], db_url: str | None, tutorial_trials: int | None = None,
+                 rep_ms: float = 200.0) -> None:
+        unknown = set(providers) - set(PROVIDERS)
+        if unknown:
+            raise FaAutotuneError(f"unknown provider(s) {sorted(unknown)}; choose from {', '.join(PROVIDERS)}")
+        self.providers, self.db_url, self.rep_ms = providers, db_url, rep_ms
+        self.tutorial_trials = tutorial_trials
+
+    def callable_for(self, provider: str, problem: Problem, q, k, v):
+        """(fn, context factory or None, detail)."""
+        if provider == "tuned":
+            info = api.explain(q, k, v, problem.causal)
+            return (lambda: api.attention(q, k, v, problem.causal)), None, f"{info['kernel']} ({info['source']})"
+        if provider == "default":
+            cfg = default_for(problem, detect_gpu(q.device.index or 0))
+            return _prepared(cfg, problem, q, k, v), None, cfg.name
+        if provider == "tutorial":
+            cfg = self._tutorial_config(problem)
+            return _prepared(cfg, problem, q, k, v), None, cfg.name
+        if provider == "flex":
+            return _flex(problem, q, k, v), None, "torch.compile(flex_attention)"
+        fn, context = sdpa_call(provider, problem, q, k, v)
+        return fn, context, f"SDPA {provider}"
+
+    def _tutorial_config(self, problem: Problem) -> KernelConfig:
+        """Best of the tutorial's config list for this problem, tuned exhaustively (answered
+        from the database when it was tuned before)."""
+        options = TuneOptions(sampler="grid", trials=self.tutorial_trials, study="tutorial", retime_top=3,
+                              warm_start=False, record_best=False)
+        (outcome,) = Tuner(connect(self.db_url), load_space("tutorial"), detect_gpu(), detect_software(),
+                           options).tune([problem])
+        if outcome.best is None:
+            raise Unavailable("no tutorial config passed on this problem")
+        return outcome.best
+
+    def run_problem(self, problem: Problem) -> Row:
+        q, k, v = random_inputs(problem, "cuda")
+        ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        row = Row(problem.key, problem.dtype)
+        for provider in self.providers:
+            try:
+                fn, context, detail = self.callable_for(provider, problem, q, k, v)
+                with (context() if context else contextlib.nullcontext()):
+                    report = compare(fn(), ref)
+                    if not report.passes(problem.dtype):
+                        row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
+                        continue
+                    timing = time_callable(fn, rep_ms=self.rep_ms)
+                row.cells[provider] = Cell(provider, "ok", timing.median_ms, problem.tflops(timing.median_ms),
+                                           report.rel, detail)
+            except Exception as exc:  # a provider that cannot run is a result, not a crash
+                row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
+            torch.cuda.synchronize()
+        return row
+
+
+def matmul_ceiling(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
+    """TFLOPS of one n^3 matmul on random data: the ceiling every ratio is read against."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_callable(lambda: a @ b, rep_ms=300).median_ms
+    return 2 * n ** 3 / (ms * 1e-3) / 1e12
+
+
+def geomeans(rows: list[Row], providers: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+    """Per dtype and provider: geomean TFLOPS and geomean ratio against cuDNN."""
+    out: dict[str, dict[str, float | None]] = {}
+    for dtype in sorted({r.dtype for r in rows}):
+        subset = [r for r in rows if r.dtype == dtype]
+        for p in providers:
+            values = [r.cells[p].tflops for r in subset if p in r.cells and r.cells[p].tflops]
+            ratios = [r.ratio(p) for r in subset if r.ratio(p)]
+            out.setdefault(dtype, {})[f"{p}_tflops"] = _geo(values) if len(values) == len(subset) else None
+            out[dtype][f"{p}_vs_cudnn"] = _geo(ratios) if len(ratios) == len(subset) else None
+            out[dtype][f"{p}_min_vs_cudnn"] = min(ratios) if len(ratios) == len(subset) else None
+    return out
+
+
+def _geo(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: Path, preset: str,
+          env: dict | None = None, runs: int = 1) -> dict:
+    env = env or environment()
+    summary = {"environment": env, "preset": preset, "bf16_matmul_tflops": ceiling, "baseline": BASELINE,
+               "providers": list(providers), "runs": runs,
+               "geomeans": geomeans(rows, providers),
+               "rows": [{"problem": r.problem, "dtype": r.dtype, "cells": {k: asdict(c) for k, c in r.cells.items()}}
+                        for r in rows]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "bench.md").write_text(markdown(summary, providers))
+    _plot(rows, providers, out_dir / "bench.png")
+    return summary
+
+
+def read(path: Path) -> dict:
+    """A bench.json written by ``write``, its rows as ``Row`` objects (for resuming and merging)."""
+    file = path / "bench.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+        data["rows"] = [Row(r["problem"], r["dtype"], {k: Cell(**c) for k, c in r["cells"].items()})
+                        for r in data["rows"]]
+        float(data["bf16_matmul_tflops"])
+        data["environment"]["gpu"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FaAutotuneError(f"{file} is not a bench result: {type(exc).__name__}: {exc}") from exc
+    return data
+
+
+# What must agree for results of several runs to share one table.
+_SAME_STACK = ("gpu", "capability", "driver", "torch", "triton", "cuda", "cudnn", "template_hash")
+
+
+def merge(paths: list[Path], out_dir: Path) -> dict:
+    """One table from bench runs on the same GPU model and software (e.g. one run per GPU of a
+    host, each over part of a preset). Every ratio still compares providers timed side by
+    side on the same inputs in one run; only the problems come from different runs."""
+    parts = [read(p) for p in paths]
+    first = parts[0]["environment"]
+    for path, part in zip(paths[1:], parts[1:]):
+        differs = [k for k in _SAME_STACK if part["environment"].get(k) != first.get(k)]
+        if differs:
+            raise FaAutotuneError(f"cannot merge {path}: its {', '.join(differs)} differ from {paths[0]}'s")
+    providers = tuple(dict.fromkeys(p for part in parts for p in part.get("providers") or
+                                    [c for r in part["rows"] for c in r.cells]))
+    rows: dict[str, Row] = {}
+    for part in parts:
+        for r in part["rows"]:
+            if r.problem in rows:
+                raise FaAutotuneError(f"problem {r.problem} appears in more than one of the merged runs")
+            rows[r.problem] = r
+    ceiling = statistics.median(part["bf16_matmul_tflops"] for part in parts)
+    preset = " + ".join(dict.fromkeys(part["preset"] for part in parts))
+    env = dict(first, date=max(part["environment"]["date"] for part in parts))
+    return write(list(rows.values()), providers, ceiling, out_dir, preset, env,
+                 sum(part.get("runs", 1) for part in parts))
+
+
+def resume(out_dir: Path, providers: tuple[str, ...]) -> tuple[float | None, list[Row]]:
+    """(matmul ceiling, rows) already measured in ``out_dir`` by a run this one may continue:
+    same providers, GPU and software; (None, []) when there is nothing to continue."""
+    if not (out_dir / "bench.json").exists():
+        return None, []
+    previous = read(out_dir)
+    if previous.get("providers") is None:
+        raise FaAutotuneError(f"--resume: {out_dir}/bench.json has no provider list (an older format); "
+                              "measure into a new --out")
+    if tuple(previous["providers"]) != providers:
+        raise FaAutotuneError(f"--resume: {out_dir} was measured with providers {previous['providers']}, "
+                              f"not {list(providers)}")
+    here = environment()
+    differs = [k for k in _SAME_STACK if previous["environment"].get(k) != here.get(k)]
+    if differs:
+        raise FaAutotuneError(f"--resume: {out_dir} was measured with another {', '.join(differs)}; "
+                              "measure into a new --out (or merge the two with --merge)")
+    return previous["bf16_matmul_tflops"], previous["rows"]
+
+
+def markdown(summary: dict, providers: tuple[str, ...]) -> str:
+    env = summary["environment"]
+    lines = [f"# fa-autotune bench: {summary['preset']} on {env.get('gpu')} ({env['date']})", "",
+             f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
+             f"fa_autotune {env['fa_autotune']} (templates {env['template_hash']}). bf16 matmul ceiling measured "
+             f"in this run: {summary['bf16_matmul_tflops']:.0f} TFLOPS.", "",
+             *([f"Merged from {summary['runs']} runs on GPUs of this model and software; each row is one run, "
+                "its providers timed side by side on the same inputs (ceiling: median of the runs').", ""]
+               if summary.get("runs", 1) > 1 else []),
+             "TFLOPS (ratio to cuDNN); every output checked against a float32 reference before timing.", "",
+             "| problem | " + " | ".join(providers) + " |", "|---" * (len(providers) + 1) + "|"]
+    for r in summary["rows"]:
+        cells = []
+        base = r["cells"].get(BASELINE, {})
+        for p in providers:
+            c = r["cells"].get(p)
+            if not c or c["status"] != "ok":
+                cells.append(c["status"] if c else "-")
+                continue
+            ratio = f" ({base['ms'] / c['ms']:.2f}x)" if base.get("ms") else ""
+            cells.append(f"{c['tflops']:.0f}{ratio}")
+        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+    lines += ["", "Geomeans per dtype (TFLOPS; ratio to cuDNN; worst problem's ratio; % of the bf16 matmul ceiling):", ""]
+    lines += ["| dtype | provider | TFLOPS | vs cuDNN | worst vs cuDNN | % of matmul |", "|---|---|---|---|---|---|"]
+    for dtype, g in summary["geomeans"].items():
+        for p in providers:
+            t, ratio, worst = g.get(f"{p}_tflops"), g.get(f"{p}_vs_cudnn"), g.get(f"{p}_min_vs_cudnn")
+            if t is None or ratio is None:
+                continue
+            lines.append(f"| {dtype} | {p} | {t:.0f} | {ratio:.3f}x | {worst:.3f}x | "
+                         f"{100 * t / summary['bf16_matmul_tflops']:.0f}% |")
+    lines += ["", "Configs used:", ""]
+    for r in summary["rows"]:
+        details = "; ".join(f"{p}: {c['detail']}" for p, c in r["cells"].items() if p in ("tuned", "default", "tutorial"))
+        lines.append(f"- {r['problem']}: {details}")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(rows)), 5))
+    width = 0.8 / len(providers)
+    for i, p in enumerate(providers):
+        values = [r.cells[p].tflops if p in r.cells and r.cells[p].tflops else 0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], values, width, label=p)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r.problem for r in rows], rotation=75, fontsize=6)
+    ax.set_ylabel("TFLOPS")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

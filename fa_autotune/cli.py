@@ -2,6 +2,9 @@
 
 Each subcommand is a thin layer over a pipeline module; argument errors and
 :class:`FaAutotuneError` become one-line messages and exit status 2, never tracebacks.
+Pipeline modules are imported inside the commands: this module is also what spawned child
+processes import first (as ``python -m fa_autotune``'s main), and they must choose Triton's
+interpreted or compiled mode before anything imports Triton (see :mod:`.processes`).
 """
 from __future__ import annotations
 
@@ -11,7 +14,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import FaAutotuneError
+from ._version import __version__
+from .errors import ConfigError, FaAutotuneError, SearchSpaceError
+from .spec.config import KernelConfig
+from .spec.problem import Problem
+from .spec.space import load_space
+from .spec.target import detect_gpu, detect_software
+from .spec.tuned import FrontPoint, Winner
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, Handler] = {}
@@ -39,8 +48,6 @@ def add_problem_flags(parser: argparse.ArgumentParser, required: bool = False) -
 
 
 def problem_from_args(args: argparse.Namespace):
-    from .problem import Problem
-
     return Problem(
         batch=args.batch, heads_q=args.heads, heads_kv=args.kv_heads or args.heads, seqlen_q=args.seqlen,
         seqlen_k=args.seqlen_k if args.seqlen_k is not None else args.seqlen, head_dim=args.head_dim,
@@ -49,9 +56,6 @@ def problem_from_args(args: argparse.Namespace):
 
 
 def config_from_args(args: argparse.Namespace):
-    from .config import KernelConfig
-    from .errors import ConfigError
-
     text = args.config
     if args.config_file:
         text = Path(args.config_file).read_text()
@@ -70,7 +74,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 @command("render")
 def _render(args: argparse.Namespace) -> int:
     """Write a variant's Triton module into the kernel cache (or --out) and print its path."""
-    from .codegen import render, write_module
+    from .kernels.render import render, write_module
 
     rendered = render(config_from_args(args))
     path = write_module(rendered, Path(args.out) if args.out else None)
@@ -83,7 +87,7 @@ def _render(args: argparse.Namespace) -> int:
 @command("compile")
 def _compile(args: argparse.Namespace) -> int:
     """Compile a variant for a GPU architecture without a GPU; report shared memory and wgmma."""
-    from .aot import compile_many
+    from .kernels.aot import compile_many
 
     cap = tuple(int(x) for x in args.arch.split("."))
     (result,) = compile_many([config_from_args(args)], problem_from_args(args), capability=cap, jobs=1)
@@ -98,11 +102,9 @@ def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
     from rich.console import Console
 
-    from .progress import RichReporter, summary_table
-    from .search import SilentReporter, TuneOptions, Tuner
-    from .space import load_space
     from .store import connect
-    from .target import detect_gpu, detect_software
+    from .tune.progress import RichReporter, summary_table
+    from .tune.search import SilentReporter, TuneOptions, Tuner
 
     space = load_space(args.space)
     gpu = detect_gpu()
@@ -122,8 +124,6 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
-    from .errors import SearchSpaceError
-
     if args.seqlen is not None:
         if args.preset:
             raise SearchSpaceError("give either --preset or a problem (--seqlen ...), not both")
@@ -137,20 +137,20 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
 @command("query")
 def _query(args: argparse.Namespace) -> int:
     """Read the results database: best config per problem, or every trial with its status."""
-    from .store import connect
-    from .store import queries
+    from .store import connect, queries
+    from .store.filters import Filters
 
     db = connect(args.db)
-    filters = queries.Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
+    filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
                               status=args.status, problem=args.problem)
     if args.what == "best":
-        rows, row_type = queries.best(db, filters), queries.BestRow
+        rows, row_type = queries.best(db, filters), Winner
     elif args.what == "trials":
         rows, row_type = queries.trials(db, filters, limit=args.limit), queries.TrialRow
     elif args.what == "failures":
         rows, row_type = queries.failures(db, filters), queries.FailureRow
     elif args.what == "pareto":
-        rows, row_type = queries.pareto(db, filters), queries.ParetoRow
+        rows, row_type = queries.pareto(db, filters), FrontPoint
     elif args.what == "compare":
         if not (args.a and args.b):
             raise FaAutotuneError("compare needs --a and --b, e.g. --a gpu=H100 --b gpu=H200 or --a triton=3.5.1 "
@@ -161,8 +161,6 @@ def _query(args: argparse.Namespace) -> int:
             raise FaAutotuneError(str(exc)) from None
         row_type = queries.CompareRow
     else:
-        from .space import load_space
-
         space = load_space(args.space)
         if not args.preset or args.preset not in space.presets:
             raise FaAutotuneError(f"coverage needs --preset, one of {', '.join(sorted(space.presets))}")
@@ -181,7 +179,7 @@ def _selector(text: str) -> tuple[str, str]:
 @command("export")
 def _export(args: argparse.Namespace) -> int:
     """Write the database's winners as one JSON file per GPU and kernel family."""
-    from .export import export
+    from .runtime.files import export
     from .store import connect
 
     paths = export(connect(args.db), args.out, args.gpu)
@@ -197,7 +195,7 @@ def _export(args: argparse.Namespace) -> int:
 @command("import")
 def _import(args: argparse.Namespace) -> int:
     """Load exported config files into a database (all validated before anything is written)."""
-    from .export import import_files
+    from .runtime.files import import_files
     from .store import connect
 
     count = import_files(connect(args.db), args.files)
@@ -210,7 +208,7 @@ def _report(args: argparse.Namespace) -> int:
     """Draw PNG plots: TFLOPS per problem, and best-so-far against trial number."""
     from .report import write_report
     from .store import connect
-    from .store.queries import Filters
+    from .store.filters import Filters
 
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
     paths = write_report(connect(args.db), args.out, filters)
@@ -267,8 +265,7 @@ def _bench(args: argparse.Namespace) -> int:
     """Time every attention provider side by side on the GPU (each output checked first)."""
     import torch
 
-    from .benchmark import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
-    from .space import load_space
+    from .bench import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
 
     if args.merge:
         if args.resume or args.match or args.seqlen is not None:
@@ -308,8 +305,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     parser = argparse.ArgumentParser(prog="fa-autotune", description="Tune Triton FlashAttention kernels per GPU.")
     parser.add_argument("--version", action="version", version=f"fa_autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,8 +1,44 @@
-"""Where fa_autotune keeps its per-user state (kernel cache, default database)."""
+"""Where fa_autotune finds its data and keeps its per-user state.
+
+Data folders (templates, search spaces, shipped tuning files) sit at the top of a source
+checkout and inside the package (``_data/``) once installed from a wheel; every caller goes
+through :func:`data_dir`, so neither the current directory nor the install layout matters.
+State (kernel cache, default database) lives in the user cache dir.
+"""
 from __future__ import annotations
 
+import hashlib
 import os
+from functools import lru_cache
 from pathlib import Path
+
+from .errors import FaAutotuneError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+DATA_FOLDERS = ("templates", "search_spaces", "tuning_db")
+
+
+@lru_cache(maxsize=None)
+def data_dir(name: str) -> Path:
+    """Return the directory of data folder ``name``, installed copy first."""
+    if name not in DATA_FOLDERS:
+        raise ValueError(f"unknown data folder {name!r}; expected one of {DATA_FOLDERS}")
+    for candidate in (_PACKAGE_DIR / "_data" / name, _PACKAGE_DIR.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FaAutotuneError(
+        f"data folder {name!r} not found next to {_PACKAGE_DIR}; the installation is incomplete"
+    )
+
+
+@lru_cache(maxsize=1)
+def template_hash() -> str:
+    """Hash over every template file: identifies the kernel code a measurement ran."""
+    digest = hashlib.sha256()
+    for path in sorted(data_dir("templates").glob("*.jinja")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def cache_root() -> Path:
@@ -15,3 +51,8 @@ def kernel_cache_dir() -> Path:
     """Rendered kernel modules; ``FA_AUTOTUNE_CACHE`` overrides."""
     override = os.environ.get("FA_AUTOTUNE_CACHE")
     return Path(override).expanduser() if override else cache_root() / "kernels"
+
+
+def default_db_url() -> str:
+    """The results database: ``FA_AUTOTUNE_DB``, else a SQLite file in the user cache dir."""
+    return os.environ.get("FA_AUTOTUNE_DB") or f"sqlite:///{cache_root() / 'tuning.sqlite'}"

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .store import Database
-from .store import queries
+from .errors import FaAutotuneError
+from .store import Database, queries
+from .store.filters import Filters
 
 
-def write_report(db: Database, out_dir: str | Path, filters: queries.Filters = queries.Filters()) -> list[Path]:
+def write_report(db: Database, out_dir: str | Path, filters: Filters = Filters()) -> list[Path]:
     try:
         import matplotlib
     except ImportError:
-        from .errors import FaAutotuneError
-
         raise FaAutotuneError("fa-autotune report needs matplotlib: pip install 'fa-autotune[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -24,7 +23,7 @@ def write_report(db: Database, out_dir: str | Path, filters: queries.Filters = q
     rows = queries.best(db, filters)
     if rows:
         fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows)), 5))
-        labels = [f"{r.problem}\n{r.gpu}" if len({x.gpu for x in rows}) > 1 else r.problem for r in rows]
+        labels = [f"{r.problem.key}\n{r.gpu.name}" if len({x.gpu.name for x in rows}) > 1 else r.problem.key for r in rows]
         ax.bar(range(len(rows)), [r.tflops for r in rows], color="tab:blue")
         ax.set_xticks(range(len(rows)), labels, rotation=80, fontsize=7)
         ax.set_ylabel("TFLOPS (winner, re-timed)")

@@ -6,23 +6,30 @@ plain dataclasses (``to_dataframe`` turns any list of them into a pandas DataFra
 """
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
-from .store import Database, connect
-from .store import queries
-from .store.queries import BestRow, CompareRow, CoverageRow, FailureRow, Filters, ProgressRow, TrialRow
+from .spec.space import load_space
+from .spec.tuned import FrontPoint, Winner
+from .store import Database, connect, queries
+from .store.filters import Filters
+from .store.queries import CompareRow, CoverageRow, FailureRow, ProgressRow, TrialRow
 
-__all__ = ["best", "trials", "failures", "compare", "coverage", "search_progress", "to_dataframe", "BestRow",
-           "TrialRow", "FailureRow", "CompareRow", "CoverageRow", "ProgressRow"]
+__all__ = ["best", "pareto", "trials", "failures", "compare", "coverage", "search_progress", "to_dataframe",
+           "Winner", "FrontPoint", "TrialRow", "FailureRow", "CompareRow", "CoverageRow", "ProgressRow"]
 
 
 def _db(db: Database | str | None) -> Database:
     return db if isinstance(db, Database) else connect(db)
 
 
-def best(db: Database | str | None = None, **filters: Any) -> list[BestRow]:
+def best(db: Database | str | None = None, **filters: Any) -> list[Winner]:
+    """Every stored winner (problem, config, timing, GPU, software), sorted by GPU and problem."""
     return queries.best(_db(db), Filters(**filters))
+
+
+def pareto(db: Database | str | None = None, **filters: Any) -> list[FrontPoint]:
+    """The stored FP8 time/error Pareto fronts, fastest first per problem."""
+    return queries.pareto(_db(db), Filters(**filters))
 
 
 def trials(db: Database | str | None = None, limit: int | None = None, **filters: Any) -> list[TrialRow]:
@@ -38,8 +45,6 @@ def compare(a: tuple[str, str], b: tuple[str, str], db: Database | str | None = 
 
 
 def coverage(preset: str, db: Database | str | None = None, space: str = "fwd", **filters: Any) -> list[CoverageRow]:
-    from .space import load_space
-
     problems = list(load_space(space).presets[preset].problems)
     return queries.coverage(_db(db), problems, Filters(**filters))
 
@@ -49,9 +54,10 @@ def search_progress(db: Database | str | None = None, **filters: Any) -> list[Pr
 
 
 def to_dataframe(rows: list):
-    """A pandas DataFrame of any list of result rows (needs pandas)."""
+    """A pandas DataFrame of any list of result rows, records flattened as ``query`` prints
+    them (needs pandas)."""
     try:
         import pandas as pd
     except ImportError as exc:
         raise ImportError("to_dataframe needs pandas: pip install pandas") from exc
-    return pd.DataFrame([asdict(r) for r in rows])
+    return pd.DataFrame(queries.as_dicts(rows))

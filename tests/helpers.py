@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fa_autotune.reference import TOLERANCE, compare, reference_attention
+from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
 
 
 def make_qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, device="cpu", layout="bhnd"):

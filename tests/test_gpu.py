@@ -99,7 +99,7 @@ def test_matches_sdpa_fp16():
 def test_memory_is_linear_in_sequence_length():
     """At N=65536 a materialised score matrix would need 137 GB; we need ~the output."""
     q, k, v = make_qkv(1, 8, 8, 65536, 65536, 128, torch.float16, "cuda")
-    from fa_autotune.bench import peak_extra_bytes
+    from fa_autotune.tune.measure import peak_extra_bytes
 
     attention(q, k, v, causal=True)  # compile outside the measurement
     out, extra = peak_extra_bytes(lambda: attention(q, k, v, causal=True))
@@ -141,7 +141,7 @@ def test_cuda_graph_capture_and_replay():
                     reason="the shipped file is for the H200")
 def test_shipped_h200_configs_are_used(monkeypatch, tmp_path):
     import fa_autotune
-    from fa_autotune import dispatch
+    from fa_autotune.runtime import dispatch
 
     monkeypatch.setenv("FA_AUTOTUNE_DB", f"sqlite:///{tmp_path / 'none.sqlite'}")
     monkeypatch.delenv("FA_AUTOTUNE_CONFIG_DIR", raising=False)
@@ -183,7 +183,7 @@ def test_structure_knobs(name, shape, dtype):
 def test_fp8_modes(fmt, scaling, access):
     """Each FP8 recipe against float32 on the unquantized inputs, with FP8 tensor cores."""
     from fa_autotune import attention_fp8
-    from fa_autotune.reference import TOLERANCE, compare, reference_attention
+    from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
 
     if access == "tensor_desc" and not HOPPER:
         access = "block_ptr"
@@ -203,7 +203,7 @@ def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
     not) on inputs whose 256-row V blocks differ 100-fold: per-block + Hadamard (each block
     its own descale) for separate PV products, per-head + Hadamard for in-place ones."""
     from fa_autotune import attention_fp8
-    from fa_autotune.reference import TOLERANCE, compare, reference_attention
+    from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
 
     q, k, v = make_qkv(2, 8, 8, 2048, 2048, 128, torch.float16, "cuda")
     v = v * torch.logspace(-1, 1, 8, device="cuda").repeat_interleave(256)[None, None, :, None].half()
@@ -221,7 +221,7 @@ def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
 def test_fused_fp8_quantization_matches_eager(scaling, dtype):
     """The Triton quantization passes with the GPU's own FP8 conversion, against the float32
     eager path: same scales, FP8 codes equal but for rare one-step rounding differences."""
-    from fa_autotune.quantize import quantize_fp8
+    from fa_autotune.fp8.quantize import quantize_fp8
 
     q, k, v = make_qkv(2, 8, 2, 1000, 1000, 128, dtype, "cuda")
     q[..., 3] *= 20
@@ -237,11 +237,11 @@ def test_fused_fp8_quantization_matches_eager(scaling, dtype):
 
 
 def test_tuner_warm_compile_uses_the_fp8_inputs():
-    """The tuner's GPU compile step runs each config on the inputs it will be timed on: FP8
-    quantized with V sequence-contiguous, so TMA and warp-specialized FP8 configs compile."""
-    from fa_autotune.aot import compile_for_tuning
-    from fa_autotune.config import KernelConfig
-    from fa_autotune.problem import Problem
+    """The tuner's GPU compile step compiles each config for the layout it will be timed on:
+    FP8 with V sequence-contiguous, so TMA and warp-specialized FP8 configs compile."""
+    from fa_autotune.tune.compile import compile_for_tuning
+    from fa_autotune.spec.config import KernelConfig
+    from fa_autotune.spec.problem import Problem
 
     config = KernelConfig(BLOCK_M=128, BLOCK_N=256 if HOPPER else 128, num_warps=4, num_stages=2,
                           access="tensor_desc" if HOPPER else "block_ptr", warp_specialize=HOPPER)

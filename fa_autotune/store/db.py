@@ -16,15 +16,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import DatabaseError
-from ..paths import cache_root
+from ..paths import default_db_url
 from .migrations import upgrade
+from .models import SchemaVersionModel
 
 BUSY_TIMEOUT_S = 30
 
 
 def default_url() -> str:
     """``FA_AUTOTUNE_DB``, else a SQLite file in the user cache dir."""
-    return os.environ.get("FA_AUTOTUNE_DB") or f"sqlite:///{cache_root() / 'tuning.sqlite'}"
+    return default_db_url()
 
 
 def safe_url(url: str) -> str:
@@ -126,6 +127,4 @@ def connect(url: str | None = None) -> Database:
 
 
 def schema_version(db: Database) -> int:
-    from .models import SchemaVersionModel
-
     return db.scalar(select(SchemaVersionModel.version).order_by(SchemaVersionModel.id.desc()).limit(1))

@@ -13,6 +13,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from ..spec.target import GpuInfo, SoftwareInfo
+
 SCHEMA_VERSION = 2
 # Optuna-style terminal states of one trial; only "ok" rows carry timings.
 STATUSES = ("ok", "invalid_config", "compile_error", "out_of_resources", "wrong_result", "timeout", "crashed")
@@ -46,6 +50,9 @@ class GpuModel(Base):
     memory_mb: Mapped[int] = mapped_column(Integer, nullable=False)
     driver: Mapped[str] = mapped_column(String(64), nullable=False)
 
+    def to_gpu(self) -> GpuInfo:
+        return GpuInfo(self.name, self.capability, self.sm_count, self.memory_mb, self.driver)
+
 
 class SoftwareModel(Base):
     __tablename__ = "fa_software"
@@ -56,6 +63,9 @@ class SoftwareModel(Base):
     cuda: Mapped[str] = mapped_column(String(32), nullable=False)
     fa_autotune: Mapped[str] = mapped_column(String(32), nullable=False)
     template_hash: Mapped[str] = mapped_column(String(32), nullable=False)
+
+    def to_software(self) -> SoftwareInfo:
+        return SoftwareInfo(self.triton, self.torch, self.cuda, self.fa_autotune, self.template_hash)
 
 
 class ProblemModel(Base):
@@ -72,6 +82,10 @@ class ProblemModel(Base):
     causal: Mapped[bool] = mapped_column(Boolean, nullable=False)
     causal_align: Mapped[str] = mapped_column(String(16), nullable=False)
 
+    def to_problem(self) -> Problem:
+        return Problem(self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k, self.head_dim,
+                       self.dtype, self.causal, self.causal_align)
+
 
 class ConfigModel(Base):
     __tablename__ = "fa_configs"
@@ -79,6 +93,10 @@ class ConfigModel(Base):
     hash: Mapped[str] = mapped_column(String(32), unique=True, nullable=False)
     name: Mapped[str] = mapped_column(String(160), nullable=False)
     json: Mapped[str] = mapped_column(Text, nullable=False)  # KernelConfig.canonical_json()
+
+    def to_config(self) -> KernelConfig | None:
+        """The config, or None where this version of fa_autotune no longer accepts it."""
+        return KernelConfig.from_stored(self.json)
 
 
 class MeasurementModel(Base):

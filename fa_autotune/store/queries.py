@@ -1,4 +1,6 @@
-"""Read-side of the results database: plain dataclasses, filterable the same way everywhere."""
+"""Read-side of the results database for analysis (``fa-autotune query``, ``results``):
+measurements, failures, comparisons, coverage and convergence as plain dataclasses;
+winners and fronts are the :mod:`fa_autotune.spec.tuned` records :mod:`.tuned` reads."""
 from __future__ import annotations
 
 import datetime as dt
@@ -6,62 +8,27 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import select
 
-from ..config import KernelConfig
-from ..problem import Problem
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem, nearest
+from ..spec.tuned import FRONT_COLUMNS, WINNER_COLUMNS, FrontPoint, Winner
 from .db import Database
-from .models import BestModel, ConfigModel, GpuModel, MeasurementModel, ParetoModel, ProblemModel, SoftwareModel
+from .filters import Filters
+from .models import ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel
+from .tuned import front_points, winners
 
 
-@dataclass(frozen=True)
-class Filters:
-    """Filters shared by every query; None means any."""
-
-    gpu: str | None = None  # substring of the GPU name, case-insensitive
-    dtype: str | None = None
-    head_dim: int | None = None
-    causal: bool | None = None
-    status: str | None = None
-    problem: str | None = None  # exact problem key
-
-    def apply(self, stmt: Select, with_status: bool = True) -> Select:
-        if self.gpu:
-            stmt = stmt.where(GpuModel.name.ilike(f"%{self.gpu}%"))
-        if self.dtype:
-            from ..problem import canonical_dtype
-
-            stmt = stmt.where(ProblemModel.dtype == canonical_dtype(self.dtype))
-        if self.head_dim is not None:
-            stmt = stmt.where(ProblemModel.head_dim == self.head_dim)
-        if self.causal is not None:
-            stmt = stmt.where(ProblemModel.causal == self.causal)
-        if self.problem:
-            stmt = stmt.where(ProblemModel.key == self.problem)
-        if with_status and self.status:
-            stmt = stmt.where(MeasurementModel.status == self.status)
-        return stmt
+def best(db: Database, filters: Filters = Filters()) -> list[Winner]:
+    """The winner of every problem (per GPU and software stack), sorted by GPU and problem."""
+    return sorted(winners(db, filters), key=lambda w: (w.gpu.name, w.problem.key, w.software.triton,
+                                                       w.software.template_hash))
 
 
-@dataclass(frozen=True)
-class BestRow:
-    gpu: str
-    capability: str
-    problem: str
-    dtype: str
-    head_dim: int
-    causal: bool
-    config_name: str
-    config: dict
-    median_ms: float
-    tflops: float
-    rel_error: float | None
-    ties: int
-    triton: str
-    torch: str
-    template_hash: str
-    source: str
-    decided_at: str
+def pareto(db: Database, filters: Filters = Filters()) -> list[FrontPoint]:
+    """The stored time/error Pareto fronts (FP8 tuning), per GPU and problem, fastest first."""
+    return sorted(front_points(db, filters), key=lambda p: (p.gpu.name, p.problem.key, p.software.triton,
+                                                            p.median_ms))
 
 
 @dataclass(frozen=True)
@@ -83,70 +50,13 @@ class TrialRow:
     finished_at: str
 
 
-def _stamp(value: dt.datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
-
-
-def problem_of(row: ProblemModel) -> Problem:
-    return Problem(row.batch, row.heads_q, row.heads_kv, row.seqlen_q, row.seqlen_k, row.head_dim, row.dtype,
-                   row.causal, row.causal_align)
-
-
-def _decided(db: Database, model, filters: Filters) -> list:
-    """Rows of a per-problem decision table (winners, Pareto fronts) with their problem,
-    config, GPU and software."""
-    stmt = (select(model, ProblemModel, ConfigModel, GpuModel, SoftwareModel)
-            .join(ProblemModel, model.problem_id == ProblemModel.id)
-            .join(ConfigModel, model.config_id == ConfigModel.id)
-            .join(GpuModel, model.gpu_id == GpuModel.id)
-            .join(SoftwareModel, model.software_id == SoftwareModel.id))
-    with db.session() as s:
-        return s.execute(filters.apply(stmt, with_status=False)).all()
-
-
-def best(db: Database, filters: Filters = Filters()) -> list[BestRow]:
-    """The winner of every problem (per GPU and software stack), sorted by GPU and problem."""
-    rows = _decided(db, BestModel, filters)
-    out = [BestRow(g.name, g.capability, p.key, p.dtype, p.head_dim, p.causal, c.name, _config_dict(c.json),
-                   b.median_ms, b.tflops, b.rel_error, b.ties, sw.triton, sw.torch, sw.template_hash, b.source,
-                   _stamp(b.decided_at))
-           for b, p, c, g, sw in rows]
-    return sorted(out, key=lambda r: (r.gpu, r.problem, r.triton, r.template_hash))
-
-
-@dataclass(frozen=True)
-class ParetoRow:
-    gpu: str
-    problem: str
-    config_name: str
-    config: dict[str, Any]
-    fp8_scaling: str
-    fp8_hadamard: bool
-    median_ms: float
-    tflops: float
-    rel_error: float
-    max_error: float | None
-    triton: str
-    decided_at: str
-
-
-def pareto(db: Database, filters: Filters = Filters()) -> list[ParetoRow]:
-    """The stored time/error Pareto fronts (FP8 tuning), per GPU and problem, fastest first."""
-    out = []
-    for f, p, c, g, sw in _decided(db, ParetoModel, filters):
-        config = _config_dict(c.json)
-        out.append(ParetoRow(g.name, p.key, c.name, config, config.get("fp8_scaling", ""),
-                             bool(config.get("fp8_hadamard")), f.median_ms, f.tflops, f.rel_error, f.max_error,
-                             sw.triton, _stamp(f.decided_at)))
-    return sorted(out, key=lambda r: (r.gpu, r.problem, r.triton, r.median_ms))
-
-
 def trials(db: Database, filters: Filters = Filters(), limit: int | None = None) -> list[TrialRow]:
     """Every measurement, oldest first."""
     stmt = (select(MeasurementModel, ProblemModel, ConfigModel, GpuModel)
             .join(ProblemModel, MeasurementModel.problem_id == ProblemModel.id)
             .join(ConfigModel, MeasurementModel.config_id == ConfigModel.id)
             .join(GpuModel, MeasurementModel.gpu_id == GpuModel.id)
+            .join(SoftwareModel, MeasurementModel.software_id == SoftwareModel.id)
             .order_by(MeasurementModel.id))
     stmt = filters.apply(stmt)
     if limit:
@@ -159,20 +69,6 @@ def trials(db: Database, filters: Filters = Filters(), limit: int | None = None)
             for m, p, c, g in rows]
 
 
-def tuned_problems(db: Database, gpu_id: int, software_id: int | None = None) -> list[tuple[Problem, KernelConfig]]:
-    """(problem, winning config) of every problem decided on this GPU (and software)."""
-    stmt = (select(ProblemModel, ConfigModel)
-            .join(BestModel, BestModel.problem_id == ProblemModel.id)
-            .join(ConfigModel, BestModel.config_id == ConfigModel.id)
-            .where(BestModel.gpu_id == gpu_id))
-    if software_id is not None:
-        stmt = stmt.where(BestModel.software_id == software_id)
-    with db.session() as s:
-        rows = s.execute(stmt).all()
-    pairs = [(problem_of(p), KernelConfig.from_stored(c.json)) for p, c in rows]
-    return [(p, c) for p, c in pairs if c is not None]
-
-
 def _config_dict(text: str) -> dict[str, Any]:
     """Every template parameter of a stored config (knobs added later at their defaults);
     the stored JSON as is where this version no longer accepts the config."""
@@ -181,11 +77,21 @@ def _config_dict(text: str) -> dict[str, Any]:
 
 
 def as_dicts(rows: list) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]
+    """Flat dicts of result rows: a record's ``as_row()`` view, a row dataclass's fields."""
+    return [r.as_row() if hasattr(r, "as_row") else asdict(r) for r in rows]
 
 
 def columns(row_type) -> list[str]:
+    """Column names of a row type, in display order."""
+    if row_type is Winner:
+        return list(WINNER_COLUMNS)
+    if row_type is FrontPoint:
+        return list(FRONT_COLUMNS)
     return [f.name for f in fields(row_type)]
+
+
+def _stamp(value: dt.datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
 
 
 @dataclass(frozen=True)
@@ -225,15 +131,14 @@ class CompareRow:
 COMPARE_KEYS = ("gpu", "triton", "torch", "template_hash", "fa_autotune")
 
 
-def _side(rows: list[BestRow], selector: tuple[str, str]) -> dict[str, BestRow]:
+def _side(rows: list[Winner], selector: tuple[str, str]) -> dict[str, Winner]:
     key, value = selector
     if key not in COMPARE_KEYS:
         raise ValueError(f"compare by one of {COMPARE_KEYS}, not {key!r}")
-    picked: dict[str, BestRow] = {}
-    for r in rows:
-        field = getattr(r, key)
-        if (value.lower() in field.lower()) if key == "gpu" else field == value:
-            picked[r.problem] = r  # rows are sorted, so the last (newest software) wins
+    picked: dict[str, Winner] = {}
+    for w in rows:
+        if (value.lower() in w.gpu.name.lower()) if key == "gpu" else getattr(w.software, key) == value:
+            picked[w.problem.key] = w  # rows are sorted, so the last (newest software) wins
     return picked
 
 
@@ -242,7 +147,7 @@ def compare(db: Database, a: tuple[str, str], b: tuple[str, str], filters: Filte
     ``("triton", "3.6.0")``...): only problems both sides have."""
     rows = best(db, filters)
     side_a, side_b = _side(rows, a), _side(rows, b)
-    return [CompareRow(p, side_a[p].config_name, side_a[p].median_ms, side_a[p].tflops, side_b[p].config_name,
+    return [CompareRow(p, side_a[p].config.name, side_a[p].median_ms, side_a[p].tflops, side_b[p].config.name,
                        side_b[p].median_ms, side_b[p].tflops, side_a[p].median_ms / side_b[p].median_ms)
             for p in sorted(set(side_a) & set(side_b))]
 
@@ -254,34 +159,23 @@ class CoverageRow:
     tuned: bool
     config: str | None
     nearest_problem: str | None
-    distance: float | None  # how far the nearest tuned problem is (fa_autotune.problem.distance)
+    distance: float | None  # how far the nearest tuned problem is (fa_autotune.spec.problem.distance)
 
 
 def coverage(db: Database, problems: list[Problem], filters: Filters = Filters()) -> list[CoverageRow]:
     """For each problem (of a preset) and GPU in the database: tuned, or how far the nearest is."""
-    import math
-
-    from ..problem import distance
-
     rows = best(db, filters)
-    gpus = sorted({r.gpu for r in rows})
-    tuned: dict[str, list[tuple[Problem, str]]] = {g: [] for g in gpus}
-    with db.session() as s:
-        problem_rows = {p.key: problem_of(p) for p in s.scalars(select(ProblemModel))}
-    for r in rows:
-        tuned[r.gpu].append((problem_rows[r.problem], r.config_name))
     out = []
-    for gpu in gpus:
+    for gpu in sorted({w.gpu.name for w in rows}):
+        tuned: dict[Problem, Winner] = {w.problem: w for w in rows if w.gpu.name == gpu}
         for problem in problems:
-            exact = [c for p, c in tuned[gpu] if p == problem]
-            if exact:
-                out.append(CoverageRow(problem.key, gpu, True, exact[0], problem.key, 0.0))
-                continue
-            near = sorted(((distance(problem, p), p.key, c) for p, c in tuned[gpu]), key=lambda t: (t[0], t[1]))
-            if near and math.isfinite(near[0][0]):
-                out.append(CoverageRow(problem.key, gpu, False, near[0][2], near[0][1], near[0][0]))
-            else:
+            found = nearest(problem, tuned)
+            if found is None:
                 out.append(CoverageRow(problem.key, gpu, False, None, None, None))
+            else:
+                match, distance = found
+                out.append(CoverageRow(problem.key, gpu, match == problem, tuned[match].config.name, match.key,
+                                       distance))
     return out
 
 

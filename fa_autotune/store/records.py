@@ -1,22 +1,19 @@
-"""Writing and reading rows: identities (GPU, software, problem, config) get one row each;
-measurements and winners point at them. Every write is one short transaction."""
+"""Identities and measurements: a GPU, a software stack, a problem and a config each get
+one row; every measurement points at them. Every write is one short transaction (winners
+and fronts: :mod:`.tuned`)."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..config import KernelConfig
-from ..problem import Problem
-from ..target import GpuInfo, SoftwareInfo
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from ..spec.target import GpuInfo, SoftwareInfo
 from .db import Database
-from .models import (
-    REUSABLE_STATUSES, STATUSES, BestModel, ConfigModel, GpuModel, MeasurementModel, ParetoModel, ProblemModel,
-    SoftwareModel,
-)
+from .models import REUSABLE_STATUSES, STATUSES, ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel
 
 
 @dataclass(frozen=True)
@@ -85,29 +82,3 @@ def reusable(db: Database, ids: Ids, config: KernelConfig) -> MeasurementModel |
                    MeasurementModel.status.in_(REUSABLE_STATUSES))
             .order_by(MeasurementModel.id.desc()).limit(1)
         )
-
-
-def set_best(db: Database, ids: Ids, config: KernelConfig, median_ms: float, tflops: float,
-             rel_error: float | None, ties: int, study_name: str | None, source: str = "tune") -> None:
-    with db.session() as s:
-        config_id = config_row(s, config).id
-        row = s.scalar(select(BestModel).filter_by(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software))
-        if row is None:
-            row = BestModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software, config_id=config_id)
-            s.add(row)
-        row.config_id = config_id
-        row.median_ms, row.tflops, row.rel_error, row.ties = median_ms, tflops, rel_error, ties
-        row.study_name, row.source = study_name, source
-        row.decided_at = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
-def set_front(db: Database, ids: Ids, front: list[tuple[KernelConfig, float, float, float]],
-              max_error: float | None, study_name: str | None) -> None:
-    """Replace the problem's stored Pareto front with ``front`` ((config, ms, TFLOPS, error) rows)."""
-    with db.session() as s:
-        s.execute(delete(ParetoModel).where(ParetoModel.problem_id == ids.problem, ParetoModel.gpu_id == ids.gpu,
-                                            ParetoModel.software_id == ids.software))
-        for config, ms, flops, err in front:
-            s.add(ParetoModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
-                              config_id=config_row(s, config).id, median_ms=ms, tflops=flops, rel_error=err,
-                              max_error=max_error, study_name=study_name))

@@ -1,0 +1,164 @@
+"""Compile rendered variants for a GPU architecture without a GPU.
+
+Triton lowers a kernel for any target it knows (``GPUTarget("cuda", 90, 32)`` is Hopper)
+on a machine with no GPU at all. The tuner uses this to compile in a process pool and to
+prune variants that cannot fit (shared memory) before the GPU is touched; CI uses it to
+prove every variant family compiles to wgmma code that fits an H100/H200.
+
+The arguments compiled for are the launcher's own (:meth:`Prepared.arguments` on
+uninitialized tensors of the problem's layout), specialised the way Triton's JIT
+specialises a launch: integers equal to 1 become constants, multiples of 16 and tensor
+pointers are marked 16-divisible, None is a constant.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ..errors import FaAutotuneError
+from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
+from ..processes import compiler_init
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from ..spec.target import interpreter_active
+from .launcher import Launch, prepare, resolve_scale
+
+HOPPER = (9, 0)
+# Largest dynamic shared memory one block may use, per compute capability (bytes).
+SHARED_MEMORY_LIMIT = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (10, 0): 232448}
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                 torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.int8: "i8"}
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """What compiling one kernel of a variant produced."""
+
+    kernel: str
+    shared_bytes: int
+    uses_wgmma: bool
+    ptx_lines: int
+    mma: tuple[str, ...] = ()  # distinct wgmma shapes and operand types, e.g. "m64n128k32.f32.e4m3.e4m3"
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """Outcome of compiling every kernel of a variant for one problem and architecture."""
+
+    config: KernelConfig
+    status: str  # "ok", "invalid_config", "out_of_resources" or "compile_error"
+    seconds: float
+    kernels: tuple[KernelReport, ...] = ()
+    error: str = ""
+
+    @property
+    def shared_bytes(self) -> int:
+        return max((k.shared_bytes for k in self.kernels), default=0)
+
+    @property
+    def uses_wgmma(self) -> bool:
+        return any(k.uses_wgmma for k in self.kernels)
+
+
+def example_inputs(config: KernelConfig, problem: Problem, device: torch.device | str):
+    """Uninitialized (q, k, v, out, scales) in the layout a launch of ``problem`` reads:
+    contiguous (B, H, N, D); FP8 inputs as :func:`~fa_autotune.quantize_fp8` lays them out
+    for this config's recipe and tiles (scales None otherwise)."""
+    q_shape = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
+    kv_shape = (problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim)
+    if problem.is_fp8:
+        block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
+        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], config.fp8_scaling,
+                             block_q, block_k)
+        return x.q, x.k, x.v, torch.empty(q_shape, device=device, dtype=torch.bfloat16), x.scales
+    dtype = getattr(torch, problem.dtype)
+    q, out = (torch.empty(q_shape, device=device, dtype=dtype) for _ in range(2))
+    k, v = (torch.empty(kv_shape, device=device, dtype=dtype) for _ in range(2))
+    return q, k, v, out, None
+
+
+def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
+    """Signature, constants and attributes of ``launch`` called with ``args``, as Triton's
+    JIT would specialise them (tensors fresh from the allocator are 16-byte aligned)."""
+    signature: dict[str, str] = {}
+    consts: dict[str, Any] = {}
+    attrs: dict[tuple, list] = {}
+    names = launch.kernel.arg_names
+    for index, (name, arg) in enumerate(zip(names, args)):
+        if arg is None or (isinstance(arg, int) and not isinstance(arg, bool) and arg == 1):
+            signature[name], consts[name] = "constexpr", arg
+        elif isinstance(arg, torch.Tensor):
+            signature[name] = f"*{_TRITON_TYPES[arg.dtype]}"
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(arg, bool):
+            signature[name] = "u1"
+        elif isinstance(arg, int):
+            signature[name] = "i32" if -2**31 <= arg < 2**31 else "i64"
+            if arg % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(arg, float):
+            signature[name] = "fp32"
+        else:
+            raise FaAutotuneError(f"cannot compile {name}={arg!r} ahead of time")
+    for name in names[len(args):]:
+        signature[name], consts[name] = "constexpr", launch.flags[name]
+    return signature, consts, attrs
+
+
+def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER) -> CompileResult:
+    """Compile every kernel of ``config`` for ``problem`` on ``capability``; never raises for
+    a kernel that fails, it reports the failure as a status."""
+    if interpreter_active():
+        raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
+    start = time.perf_counter()
+    q, k, v, out, scales = example_inputs(config, problem, "meta")
+    plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
+                   problem.causal, scales)
+    reports = []
+    target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+    limit = SHARED_MEMORY_LIMIT.get(capability, 101376)
+    for launch, args in plan.arguments(q, k, v, out, None, scales):
+        fn = launch.kernel
+        signature, consts, attrs = _specialize(launch, args)
+        try:
+            compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=target, options=launch.options)
+        except Exception as exc:  # compiler failures are data for the tuner
+            message = str(exc).strip().splitlines()
+            return CompileResult(config, "compile_error", time.perf_counter() - start, tuple(reports),
+                                 message[-1] if message else type(exc).__name__)
+        ptx = compiled.asm.get("ptx", "")
+        reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
+                                    _mma_kinds(ptx)))
+        if compiled.metadata.shared > limit:
+            return CompileResult(config, "out_of_resources", time.perf_counter() - start, tuple(reports),
+                                 f"{fn.__name__} needs {compiled.metadata.shared} bytes of shared memory, limit {limit}")
+    return CompileResult(config, "ok", time.perf_counter() - start, tuple(reports))
+
+
+def _mma_kinds(ptx: str) -> tuple[str, ...]:
+    return tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)", ptx))))
+
+
+def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int]]) -> CompileResult:
+    return compile_variant(*job)
+
+
+def compile_many(
+    configs: Iterable[KernelConfig], problem: Problem, capability: tuple[int, int] = HOPPER, jobs: int | None = None
+) -> list[CompileResult]:
+    """Compile many variants in a pool of fresh worker processes (never interpreted)."""
+    configs = list(configs)
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=compiler_init) as pool:
+        return list(pool.map(_compile_job, [(c, problem, capability) for c in configs]))

@@ -1,0 +1,111 @@
+"""Whether a kernel config can run given tensors: the rules Triton and the hardware impose
+beyond what :class:`~fa_autotune.spec.config.KernelConfig` checks on its own (TMA layouts,
+warp specialization, FP8). Every failure is a :class:`ConfigError` naming the parameter."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+
+_TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
+# Lazy rescaling lets P reach 2**rescale_threshold before P is cast to V's dtype: the largest
+# threshold whose power of two each narrow format still holds (fp16 65504, e4m3 448, e5m2 57344).
+_RESCALE_LIMIT = {"float16": 15, "float8_e4m3fn": 8, "float8_e5m2": 15}
+
+
+def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor) -> None:
+    """Raise :class:`ConfigError` (naming the parameter) if ``config`` cannot run these tensors."""
+    device = tensors[0].device
+    capability = _capability(device)
+    if config.access == "tensor_desc":
+        if capability is not None and capability < (9, 0):
+            raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
+        for name, t in zip("qkv", _tma_views(problem, *tensors)):
+            _check_tma_layout(name, t)
+    if config.warp_specialize:
+        _check_warp_specialize(config, problem, capability)
+    if problem.is_fp8:
+        _check_fp8(config, capability, *tensors)
+    limit = _RESCALE_LIMIT.get(problem.dtype)
+    if limit is not None and config.rescale_threshold > limit:
+        raise ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
+                          f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
+
+
+def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:
+    """Triton 3.6 warp-specializes one unmasked K/V loop correctly; measured on an H200,
+    a masked loop returned NaN and a second loop after it failed to compile."""
+    if capability is not None and capability < (9, 0):
+        raise ConfigError("warp_specialize", "warp specialization needs a Hopper GPU (sm_90) or newer")
+    if problem.causal:
+        raise ConfigError("warp_specialize", "causal masking cannot be warp-specialized (Triton 3.6 miscompiles it)")
+    if problem.seqlen_k % config.BLOCK_N:
+        raise ConfigError(
+            "warp_specialize", f"needs seqlen_k ({problem.seqlen_k}) to be a multiple of BLOCK_N ({config.BLOCK_N})"
+        )
+
+
+def _check_fp8(config: KernelConfig, capability: tuple[int, int] | None, q, k, v) -> None:
+    """FP8 kernels exist for the Q-outer loop with one Q tile per program; Hopper's FP8
+    MMA (or Ada's) does the dots."""
+    if config.loop_order != "q_outer":
+        raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+    if config.q_tiles != 1:
+        raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+    if config.BLOCK_N < 32:
+        raise ConfigError("BLOCK_N", f"FP8 needs BLOCK_N >= 32 (the PV product's FP8 MMA reduces over 32), got {config.BLOCK_N}")
+    if capability is not None and capability < (8, 9):
+        raise ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}")
+
+
+def check_fp8_scales(config: KernelConfig, q_scale, k_scale, v_scale, block_q: int, block_k: int) -> None:
+    """Per-block descales are read once per tile, so a tile must not straddle two blocks;
+    a PV product accumulated in place can only be descaled once, so V needs one descale."""
+    if per_block(q_scale) and block_q % config.BLOCK_M:
+        raise ConfigError("BLOCK_M", f"{config.BLOCK_M} does not divide the Q scaling block ({block_q} rows)")
+    if per_block(k_scale) and block_k % config.BLOCK_N:
+        raise ConfigError("BLOCK_N", f"{config.BLOCK_N} does not divide the K/V scaling block ({block_k} rows)")
+    if config.fp8_pv == "inplace" and per_block(v_scale):
+        raise ConfigError("fp8_pv", "'inplace' needs one V descale per head (per_tensor or per_head scaling); "
+                          "per-block V descales need 'separate'")
+
+
+def per_block(scale) -> bool:
+    """Whether a (batch, heads, blocks) descale tensor holds more than one descale per head."""
+    return scale.shape[2] > 1 and scale.stride(2) != 0
+
+
+def _check_tma_layout(name: str, t: torch.Tensor) -> None:
+    size = t.element_size()
+    if t.stride(3) != 1:
+        raise ConfigError("access", f"'tensor_desc' needs {name}'s head dim contiguous (stride 1), got strides {t.stride()}")
+    for axis, label in ((0, "batch"), (1, "head"), (2, "row")):
+        if t.shape[axis] > 1 and (t.stride(axis) * size) % _TMA_ALIGN:
+            raise ConfigError(
+                "access", f"'tensor_desc' needs 16-byte aligned strides; {name}'s {label} stride is {t.stride(axis) * size} bytes"
+            )
+    if t.data_ptr() % _TMA_ALIGN:
+        raise ConfigError("access", f"'tensor_desc' needs {name} to start on a 16-byte boundary")
+
+
+def _tma_views(problem: Problem, q, k, v) -> tuple:
+    """The tensors as the TMA descriptors read them: FP8 V as [D, N] tiles (sequence contiguous)."""
+    return (q, k, v.transpose(2, 3)) if problem.is_fp8 else (q, k, v)
+
+
+def tma_compatible(problem: Problem, q, k, v) -> bool:
+    """Whether q, k, v meet TMA's layout rules (so a dispatched TMA config can run them)."""
+    try:
+        for t in _tma_views(problem, q, k, v):
+            _check_tma_layout("tensor", t)
+    except ConfigError:
+        return False
+    return True
+
+
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)

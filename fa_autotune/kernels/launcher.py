@@ -1,0 +1,320 @@
+"""The one host launcher: everything about a launch that the rendered modules do not hold.
+
+Rendered modules (:class:`~fa_autotune.kernels.render.KernelModule`) hold kernels and
+constants only. Here, once per loop order: the grid, the scratch buffers, the scalars each
+kernel declares (supplied by name) and the launch itself. :func:`prepare` fixes all that
+depends on shapes, strides and dtypes into a :class:`Prepared` plan that later calls hand
+only tensors to; the public API, the tuner's compile step, the timing and the ahead-of-time
+compiler all launch through it.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+import triton
+from triton import knobs
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
+from ..errors import ConfigError, InputError, KernelCompileError, KernelResourceError, TemplateError
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from ..spec.target import interpreter_active
+from .render import KernelModule, load_module
+
+LOG2E = 1.4426950408889634
+# Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
+FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8")
+# Per-call tensors of each kernel, in the order its parameters list them.
+_Q_OUTER = ("Q", "K", "V", "Out", "Lse")
+_FP8_SCALES = ("QScale", "KScale", "VScale")
+_SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
+_SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
+_KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
+_NO_SCALES = (None, None, None)
+
+# The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
+# per-call argument binding (about 12 us of host time per call: 2026-11-30-h200-dispatch-overhead.md).
+# It uses Triton's private launcher interface, so only on the versions it was tested with;
+# elsewhere every call goes through the public ``kernel[grid](...)``.
+DIRECT_LAUNCH_TRITON = ("3.6.",)
+_DIRECT = triton.__version__.startswith(DIRECT_LAUNCH_TRITON)
+
+
+class Launch:
+    """One kernel with its grid, flags, options and scalars fixed; called with the tensors
+    of one call. The first call goes through Triton's JIT (compiling if needed); later
+    calls take the direct path while nothing the kernel was specialised on can differ: no
+    launch hooks registered, every tensor 16-byte aligned (the scalars are fixed).
+    ``warmup=True`` only compiles."""
+
+    def __init__(self, kernel: Any, grid: tuple, tensors: Sequence[str], scalars: dict[str, Any],
+                 flags: dict[str, Any], options: dict[str, Any]) -> None:
+        names = list(kernel.arg_names)
+        runtime = [n for n in names if n not in FLAGS]
+        if tuple(runtime[: len(tensors)]) != tuple(tensors):
+            raise TemplateError(f"{kernel.__name__} takes {runtime[:len(tensors)]} first, the launcher passes "
+                                f"{list(tensors)}")
+        unknown = [n for n in runtime[len(tensors):] if n not in scalars]
+        if unknown:
+            raise TemplateError(f"{kernel.__name__} declares scalars the launcher does not know: {unknown}")
+        self.kernel, self.grid = kernel, grid
+        self.fixed = tuple(scalars[n] for n in runtime[len(tensors):])
+        self.flags = {name: value for name, value in flags.items() if name in names}
+        self.options = dict(options)
+        self.meta = {**self.flags, **self.options}
+        self.constexprs = tuple(self.meta[name] for name in names if name in self.meta)
+        self.grid3 = (tuple(grid) + (1, 1))[:3]
+        self.compiled = None
+        self.tensor_slots: tuple[int, ...] = ()
+
+    def __call__(self, *tensors: Any, warmup: bool = False) -> Any:
+        args = tensors + self.fixed
+        if warmup:
+            return self.kernel.warmup(*args, grid=self.grid, **self.meta)
+        compiled = self.compiled
+        if (compiled is not None and not _hooks_registered()
+                and not any(args[i].data_ptr() & 15 for i in self.tensor_slots)):
+            stream = self.current_stream(self.current_device())
+            compiled.run(*self.grid3, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args, *self.constexprs)
+            return compiled
+        compiled = self.kernel[self.grid](*args, **self.meta)
+        slots = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        if _DIRECT and compiled is not None and hasattr(compiled, "packed_metadata") \
+                and not any(args[i].data_ptr() & 15 for i in slots):
+            from triton.runtime import driver
+
+            self.current_device = driver.active.get_current_device
+            self.current_stream = driver.active.get_current_stream
+            self.compiled, self.tensor_slots = compiled, slots
+        return compiled
+
+
+def _hooks_registered() -> bool:
+    """Profilers register launch hooks; the direct path would skip them, so it steps aside."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+Calls = Callable[..., list]  # (q, k, v, out, lse, scales) -> [(Launch, per-call tensors), ...]
+
+
+class Prepared:
+    """A launch plan for one layout: call it with (q, k, v, out, lse[, scales]) to run every
+    kernel of the variant (returns the compiled kernels); :meth:`arguments` gives each
+    launch's full argument list (what ahead-of-time compilation specialises on)."""
+
+    __slots__ = ("launches", "_calls", "_tma")
+
+    def __init__(self, launches: tuple[Launch, ...], calls: Calls, tma: bool) -> None:
+        self.launches, self._calls, self._tma = launches, calls, tma
+
+    def __call__(self, q, k, v, out, lse, scales=None, warmup: bool = False) -> list:
+        if self._tma:
+            ensure_allocator()
+        return [launch(*tensors, warmup=warmup) for launch, tensors in self._calls(q, k, v, out, lse, scales)]
+
+    def arguments(self, q, k, v, out, lse, scales=None) -> list[tuple[Launch, tuple]]:
+        return [(launch, tensors + launch.fixed) for launch, tensors in self._calls(q, k, v, out, lse, scales)]
+
+
+def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor | None, sm_scale: float, causal_offset: int, is_causal: bool,
+            scales: tuple | None = None) -> Prepared:
+    """The plan of ``config`` for tensors of these shapes, strides and dtypes (FP8 inputs with
+    scales = (q_scale, k_scale, v_scale, q rows per scale, k rows per scale))."""
+    module = load_module(config)
+    batch, heads, n_q, head_dim = q.shape
+    heads_kv, n_k = k.shape[1], k.shape[2]
+    head_dim_pad = max(32 if q.element_size() == 1 else 16, triton.next_power_of_2(head_dim))  # FP8 dots: K >= 32
+    scalars: dict[str, Any] = {"H": heads, "GROUP": heads // heads_kv, "N_Q": n_q, "N_K": n_k,
+                               "causal_offset": causal_offset, "qk_scale": sm_scale * LOG2E, "BH": batch * heads}
+    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
+    flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": is_causal,
+             "EVEN_N": n_k % config.BLOCK_N == 0, "WRITE_LSE": lse is not None,
+             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg:
+        options["maxnreg"] = config.maxnreg
+    family = _FAMILIES[config.loop_order]
+    launches, calls = family(config, module, q, scalars, flags, options, scales, head_dim_pad)
+    return Prepared(launches, calls, config.access == "tensor_desc")
+
+
+def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, head_dim_pad):
+    """FlashAttention-2: one program per Q tile (or a persistent grid looping over them);
+    with one Q tile the kernel also takes FP8 inputs (FP8 flag, descales)."""
+    kernel = module.KERNELS["main"]
+    fp8_capable = "FP8" in kernel.arg_names
+    if scales is not None:
+        if not fp8_capable:
+            raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+        for prefix, scale in zip(("qs", "ks", "vs"), scales[:3]):
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhn"), scale.stride()))
+        scalars.update(Q_SCALE_BLOCK=scales[3], K_SCALE_BLOCK=scales[4])
+    elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
+        scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
+        scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+    if fp8_capable:
+        flags = dict(flags, FP8=scales is not None)
+    batch_heads = scalars["BH"]
+    tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
+    grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
+    main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES if fp8_capable else ()), scalars, flags, options)
+
+    if fp8_capable:
+        def calls(q, k, v, out, lse, scales):
+            return [(main, (q, k, v, out, lse, *(scales[:3] if scales is not None else _NO_SCALES)))]
+    else:
+        def calls(q, k, v, out, lse, scales):
+            return [(main, (q, k, v, out, lse))]
+
+    return (main,), calls
+
+
+def _split_kv(config, module: KernelModule, q, scalars, flags, options, scales, head_dim_pad):
+    """Flash-Decoding: NUM_SPLITS programs per Q tile write partial outputs and LSEs to fp32
+    scratch, a second kernel merges them."""
+    if scales is not None:
+        raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+    n_q = scalars["N_Q"]
+    n_q_pad = triton.cdiv(n_q, config.BLOCK_M) * config.BLOCK_M
+    tiles = triton.cdiv(n_q, config.BLOCK_M) * scalars["BH"]
+    scalars["N_Q_PAD"] = n_q_pad
+    main = Launch(module.KERNELS["main"], (tiles, config.num_splits), _SPLIT_MAIN, scalars, flags, options)
+    combine = Launch(module.KERNELS["combine"], (tiles,), _SPLIT_COMBINE, scalars, flags,
+                     {"num_warps": config.num_warps})
+    parts = scalars["BH"] * config.num_splits
+
+    def calls(q, k, v, out, lse, scales):
+        o_part = torch.empty((parts, n_q_pad, head_dim_pad), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((parts, n_q_pad), device=q.device, dtype=torch.float32)
+        return [(main, (q, k, v, o_part, lse_part)), (combine, (o_part, lse_part, out, lse))]
+
+    return (main, combine), calls
+
+
+def _kv_outer(config, module: KernelModule, q, scalars, flags, options, scales, head_dim_pad):
+    """FlashAttention-1: K/V tiles outer, each program's Q tiles' softmax state in fp32 scratch."""
+    if scales is not None:
+        raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+    n_q = scalars["N_Q"]
+    n_q_pad = triton.cdiv(n_q, config.BLOCK_M) * config.BLOCK_M
+    scalars["N_Q_PAD"] = n_q_pad
+    grid = (triton.cdiv(n_q, config.BLOCK_M * config.q_tiles) * scalars["BH"],)
+    main = Launch(module.KERNELS["main"], grid, _KV_OUTER, scalars, flags, options)
+    rows = scalars["BH"]
+
+    def calls(q, k, v, out, lse, scales):
+        acc = torch.empty((rows, n_q_pad, head_dim_pad), device=q.device, dtype=torch.float32)
+        row_max = torch.empty((rows, n_q_pad), device=q.device, dtype=torch.float32)
+        row_sum = torch.empty((rows, n_q_pad), device=q.device, dtype=torch.float32)
+        return [(main, (q, k, v, out, lse, acc, row_max, row_sum))]
+
+    return (main,), calls
+
+
+_FAMILIES = {"q_outer": _q_outer, "split_kv": _split_kv, "kv_outer": _kv_outer}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (CPU and meta tensors get a small stand-in, so
+    the interpreter's programs still loop over several tiles)."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# ------------------------------------------------------------------ TMA scratch
+def _alloc_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+_LOCAL = threading.local()
+
+
+def ensure_allocator() -> None:
+    """Device-side TMA descriptors need global scratch: install an allocator unless the
+    caller already set one (Triton keeps it per thread). Where Triton's private allocator
+    state cannot be read, it is set once per thread."""
+    if _allocator_missing():
+        triton.set_allocator(_alloc_scratch)
+
+
+if _DIRECT:
+    from triton.runtime import _allocation
+
+    def _allocator_missing() -> bool:
+        return isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+else:
+    def _allocator_missing() -> bool:
+        first = not getattr(_LOCAL, "allocator_set", False)
+        _LOCAL.allocator_set = True
+        return first
+
+
+# ------------------------------------------------------------------ one call
+def resolve_scale(scale: float | None, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale!r}")
+    return float(scale)
+
+
+def allocate_outputs(q: torch.Tensor, problem: Problem, return_lse: bool):
+    """Output in q's memory layout (a flash-attn (B, N, H, D) view stays one; FP8: bf16),
+    fp32 LSE."""
+    out = torch.empty_like(q, dtype=torch.bfloat16) if problem.is_fp8 else torch.empty_like(q)
+    lse = None
+    if return_lse:
+        lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+    return out, lse
+
+
+def run(config: KernelConfig, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+        out: torch.Tensor, lse: torch.Tensor | None, scales: tuple | None = None) -> None:
+    """Launch ``config`` once on validated inputs, writing ``out`` (and ``lse``); FP8 inputs
+    come with scales = (q_scale, k_scale, v_scale, block_q, block_k)."""
+    if problem.is_empty:
+        return
+    if problem.seqlen_k == 0:  # softmax over no keys: SDPA's math path gives zeros
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return
+    check_interpretable(q)
+    try:
+        prepare(config, q, k, v, out, lse, scale, problem.causal_offset, problem.causal, scales)(
+            q, k, v, out, lse, scales)
+    except Exception as exc:
+        failure = explain_launch_failure(config, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+def check_interpretable(q: torch.Tensor) -> None:
+    """CPU tensors need Triton's interpreter, which is chosen before Triton is imported."""
+    if q.device.type == "cpu" and not interpreter_active():
+        raise InputError(
+            "CPU tensors run in Triton's interpreter: set TRITON_INTERPRET=1 before starting Python, or use CUDA tensors"
+        )
+
+
+def explain_launch_failure(config: KernelConfig, exc: Exception) -> Exception:
+    """Triton's out-of-resources and compile errors as ConfigErrors naming the variant."""
+    if isinstance(exc, OutOfResources):
+        return KernelResourceError(
+            "BLOCK_M", f"{config.name} needs more on-chip memory than the GPU has ({exc}); "
+            "use smaller BLOCK_M/BLOCK_N or fewer num_stages"
+        )
+    if isinstance(exc, CompilationError):
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        return KernelCompileError("config", f"{config.name} does not compile for this problem: {first}")
+    return exc

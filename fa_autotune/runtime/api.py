@@ -1,0 +1,310 @@
+"""The public entry points: ``attention`` (a drop-in for SDPA's forward) and ``explain``.
+
+The eager hot path is a dict lookup keyed by the call's shapes, strides, dtypes, device
+and options: the first call validates, consults the dispatcher, imports the kernel module
+and prepares its launch; later calls allocate the output and launch. Under
+``torch.compile`` the call goes through the ``fa_autotune::attention`` custom op instead,
+so graphs compile without breaks.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import ConfigError, InputError
+from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
+from ..kernels.checks import check_config, check_fp8_scales, per_block, tma_compatible
+from ..kernels.launcher import Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run
+from ..spec.config import KernelConfig
+from ..spec.defaults import default_for
+from ..spec.problem import Problem, problem_from_tensors
+from .dispatch import DISPATCHER, Choice, gpu_of
+
+
+@dataclass(frozen=True)
+class _Plan:
+    problem: Problem
+    config: KernelConfig
+    launch: Prepared | None  # None when there is nothing to launch
+    tma: bool  # base pointers must stay 16-byte aligned for this plan
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_PLANS_LOCK = threading.Lock()
+_MAX_PLANS = 4096
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    config: Mapping[str, Any] | KernelConfig | None = None,
+    *,
+    causal_align: str = "top_left",
+    return_lse: bool = False,
+):
+    """Scaled dot-product attention forward on (batch, heads, seqlen, head_dim) tensors.
+
+    Returns what ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+    enable_gqa=True)`` returns. ``causal_align="bottom_right"`` aligns the diagonal to the
+    last key instead (flash-attn / KV-cache convention); query rows that then see no key
+    get zeros. ``return_lse=True`` also returns the natural-log log-sum-exp of each row's
+    scores, shape (batch, heads, seqlen_q), fp32. ``config`` runs exactly that kernel
+    variant (a mapping of template parameters); ``None`` asks the dispatcher (tuned
+    results for this GPU, else a built-in default). CPU tensors run in Triton's
+    interpreter (slow; for tests).
+    """
+    if torch.compiler.is_compiling():
+        return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
+    if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, causal, scale, causal_align, return_lse)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _make_plan(key, q, k, v, causal, scale, causal_align, return_lse)
+        # Strides are part of the key; for TMA only the base addresses can still be misaligned.
+        if plan.launch is not None and (not plan.tma or not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+            out = torch.empty_like(q)
+            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32) if return_lse else None
+            plan.launch(q, k, v, out, lse)
+            return (out, lse) if return_lse else out
+    return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
+
+
+def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
+    """The general path: validate everything, pick or parse the config, launch."""
+    problem = _plain_problem(q, k, v, causal, causal_align)
+    sm_scale = resolve_scale(scale, problem.head_dim)
+    chosen = _dispatched(problem, q, k, v).config if config is None else KernelConfig.from_mapping(config)
+    check_config(chosen, problem, q, k, v)
+    out, lse = allocate_outputs(q, problem, return_lse)
+    run(chosen, problem, q, k, v, sm_scale, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def _plain_problem(q, k, v, causal, causal_align) -> Problem:
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    if problem.is_fp8:
+        raise InputError(f"FP8 tensors ({q.dtype}) need their descale factors: call "
+                         "fa_autotune.attention_fp8(fa_autotune.quantize_fp8(q, k, v)) or attention_fp8(q, k, v) "
+                         "on fp16/bf16 tensors")
+    return problem
+
+
+def attention_fp8(
+    q: torch.Tensor | Fp8Inputs,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    config: Mapping[str, Any] | KernelConfig | None = None,
+    *,
+    max_error: float | None = None,
+    scaling: str | None = None,
+    hadamard: bool | None = None,
+    fmt: str = "e4m3",
+    block_q: int | None = None,
+    block_k: int | None = None,
+    causal_align: str = "top_left",
+    out_dtype: torch.dtype | None = None,
+    return_lse: bool = False,
+):
+    """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
+    fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
+    the fastest tuned config whose measured error (relative, against float32) is within
+    ``max_error`` (`fa-autotune tune --dtype fp8` stores each problem's time/error Pareto
+    front); its quantization recipe (fp8_scaling, fp8_hadamard) is used unless ``scaling`` /
+    ``hadamard`` say otherwise; ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
+    (default: 128 rows, or the chosen kernel's tile where that is larger).
+    Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
+    unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
+    fp16/bf16, else bfloat16); otherwise as :func:`attention`.
+    """
+    if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
+        raise InputError(f"max_error must be a positive number, got {max_error!r}")
+    if isinstance(q, Fp8Inputs):
+        if k is not None or v is not None:
+            raise InputError("pass either one Fp8Inputs or q, k, v, not both")
+        inputs, source_dtype = q, None
+        problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
+        if not problem.is_fp8:
+            raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")
+        chosen = _fp8_choice(problem, q.q.device, config, max_error, (q.scaling, q.hadamard))
+    else:
+        dtype = {fmt_: name for name, fmt_ in FMT_OF_DTYPE.items()}.get(fmt)
+        if dtype is None:
+            raise InputError(f"fmt must be one of {sorted(FMT_OF_DTYPE.values())}, got {fmt!r}")
+        problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
+        recipe = None if scaling is None and hadamard is None else (scaling, hadamard)
+        chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
+        tiles = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
+        inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
+                              hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
+                              block_q=tiles[0] if block_q is None else block_q,
+                              block_k=tiles[1] if block_k is None else block_k, check_finite=False)
+        source_dtype = q.dtype
+    out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
+    if out_dtype not in (torch.float16, torch.bfloat16):
+        raise InputError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
+    q8, k8, v8 = inputs.q, inputs.k, inputs.v
+    _check_scales(inputs, problem)
+    chosen = _fp8_usable(chosen, problem, inputs, explicit=config is not None)
+    out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
+    lse = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if return_lse else None
+    run(chosen, problem, q8, k8, v8, resolve_scale(scale, problem.head_dim), out, lse, inputs.scales)
+    return (out, lse) if return_lse else out
+
+
+def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recipe) -> KernelConfig:
+    if config is not None:
+        return KernelConfig.from_mapping(config)
+    return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, recipe).config
+
+
+def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
+    """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
+    attention()'s dispatch adapts (:func:`_adapt`), after its tiles shrink into the inputs'
+    scaling blocks; the FP8 default, adapted alike, is the last resort."""
+    if explicit:
+        _check_fp8_config(config, problem, inputs)
+        return config
+    default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
+    default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
+    for candidate in (config, default):
+        fitted = _adapt(_within_scale_blocks(candidate, inputs), problem, inputs.q, inputs.k, inputs.v)
+        if fitted is not None:
+            return fitted
+    _check_fp8_config(default, problem, inputs)  # raises, naming the parameter
+    return default
+
+
+def _within_scale_blocks(config: KernelConfig, inputs) -> KernelConfig:
+    """The same kernel with tiles no larger than the inputs' per-block scaling blocks, and
+    its PV products kept separate when V has per-block descales."""
+    block_m, block_n, pv = config.BLOCK_M, config.BLOCK_N, config.fp8_pv
+    if per_block(inputs.q_scale):
+        block_m = min(block_m, inputs.block_q)
+    if per_block(inputs.k_scale):
+        block_n = min(block_n, inputs.block_k)
+    if per_block(inputs.v_scale):
+        pv = "separate"
+    return config.with_(BLOCK_M=block_m, BLOCK_N=block_n, fp8_pv=pv)
+
+
+def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
+    check_config(config, problem, inputs.q, inputs.k, inputs.v)
+    check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
+
+
+def _check_scales(inputs, problem: Problem) -> None:
+    """Descales must be fp32 (batch, heads, row blocks) tensors on the inputs' device."""
+    for name, t, heads, rows, block in (("q_scale", inputs.q_scale, problem.heads_q, problem.seqlen_q, inputs.block_q),
+                                        ("k_scale", inputs.k_scale, problem.heads_kv, problem.seqlen_k, inputs.block_k),
+                                        ("v_scale", inputs.v_scale, problem.heads_kv, problem.seqlen_k, inputs.block_k)):
+        expected = (problem.batch, heads, -(-rows // block))
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != expected:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InputError(f"{name} must be a float32 tensor of shape {expected}, got {got}")
+        if t.device != inputs.q.device:
+            raise InputError(f"{name} is on {t.device}, the inputs on {inputs.q.device}")
+
+
+def _dispatched(problem: Problem, q, k, v) -> Choice:
+    """The dispatcher's choice, adapted to these tensors: a borrowed config may not suit
+    them (TMA needs aligned rows; warp specialization no masking), so it degrades to the
+    same tiles without those features, and to the built-in default as a last resort."""
+    choice = DISPATCHER.choose(problem, q.device.type, q.device.index or 0)
+    usable = _adapt(choice.config, problem, q, k, v)
+    if usable is not None:
+        return Choice(usable, choice.source, choice.matched, choice.distance, choice.origin)
+    default = default_for(problem, gpu_of(q.device.type, q.device.index or 0))
+    return Choice(_adapt(default, problem, q, k, v) or default, "default", None, float("inf"), "built-in")
+
+
+def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
+    """``config``, or the same tiles without TMA / warp specialization (and then without
+    its persistent grid), if these tensors need that; None if neither can run them."""
+    if config.access == "tensor_desc" and not tma_compatible(problem, q, k, v):
+        config = _without_warp_specialization(config, access="block_ptr")
+    for candidate in (config, _without_warp_specialization(config)):
+        try:
+            check_config(candidate, problem, q, k, v)
+        except ConfigError:
+            continue
+        return candidate
+    return None
+
+
+def _without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig:
+    """The same tiles unspecialized (with ``changes``, in one step: a half-changed config may
+    not validate); a persistent grid goes too, since it was chosen for the producer warps'
+    overlap: the FP8 128x256 kernel ran at 0.38x on it without them
+    (benchmarks/results/2026-11-30-h200-fp8-structure.md)."""
+    if config.warp_specialize:
+        changes.update(warp_specialize=False, persistent=0)
+    return config.with_(**changes)
+
+
+def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
+    problem = _plain_problem(q, k, v, causal, causal_align)
+    sm_scale = resolve_scale(scale, problem.head_dim)
+    config = _dispatched(problem, q, k, v).config
+    prepared = None
+    if not problem.is_empty and problem.seqlen_k > 0:  # otherwise _run_once handles it without a kernel
+        check_interpretable(q)
+        out, lse = allocate_outputs(q, problem, return_lse)
+        prepared = prepare(config, q, k, v, out, lse, sm_scale, problem.causal_offset, problem.causal)
+    plan = _Plan(problem, config, prepared, config.access == "tensor_desc")
+    with _PLANS_LOCK:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
+            causal_align: str = "top_left") -> dict[str, Any]:
+    """What ``attention(q, k, v, causal)`` would run, and why (never launches or tunes)."""
+    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+    choice = _dispatched(problem, q, k, v)
+    return {
+        "source": choice.source,
+        "config": choice.config.to_dict(),
+        "kernel": choice.config.name,
+        "problem": problem.key,
+        "matched_problem": choice.matched.key if choice.matched is not None else None,
+        "distance": choice.distance,
+        "origin": choice.origin,
+    }
+
+
+# ------------------------------------------------------------------ torch.compile
+@torch.library.custom_op("fa_autotune::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+                  causal_align: str, config: str | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    parsed = json.loads(config) if config is not None else None
+    if return_lse:
+        return _run_once(q, k, v, causal, scale, parsed, causal_align, True)
+    out = _run_once(q, k, v, causal, scale, parsed, causal_align, False)
+    return out, out.new_empty((0,), dtype=torch.float32)
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, scale, causal_align, config, return_lse):
+    out = torch.empty_like(q)
+    lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse):
+    text = None
+    if config is not None:
+        text = KernelConfig.from_mapping(config).canonical_json()
+    out, lse = torch.ops.fa_autotune.attention(q, k, v, causal, scale, causal_align, text, return_lse)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,224 @@
+"""Which config runs a problem: the lookup chain behind ``attention(config=None)``.
+
+First hit wins: in-process cache -> local results database -> exported files (each
+directory of ``FA_AUTOTUNE_CONFIG_DIR``) -> the files shipped in ``tuning_db/`` -> the
+built-in default. Each source is a :class:`~fa_autotune.spec.tuned.Tuned` (its exact problem,
+then the nearest tuned one); the database is read through :mod:`fa_autotune.store`, files
+through :mod:`.files`. Sources are read once per process and device, on the first call that
+needs them; after the first call for a problem the answer is a dict lookup. It never tunes.
+``FA_AUTOTUNE_DISABLE_TUNED=1`` forces the defaults.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+
+from ..errors import FaAutotuneError
+from ..paths import data_dir, default_db_url
+from ..spec.config import KernelConfig
+from ..spec.defaults import default_for
+from ..spec.problem import TOLERANCE, Problem, distance, nearest
+from ..spec.target import GpuInfo, detect_gpu, interpreter_gpu
+from ..spec.tuned import FrontPoint, Recipe, Tuned
+from . import files
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A config and where it came from."""
+
+    config: KernelConfig
+    source: str  # database, exported, shipped, pareto (an FP8 front) or default
+    matched: Problem | None  # the tuned problem whose config this is (None for the default)
+    distance: float
+    origin: str  # database URL, file path, or "built-in"
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # database, exported or shipped
+    tuned: Tuned
+
+
+class Dispatcher:
+    """Thread-safe; one per process (``DISPATCHER``)."""
+
+    def __init__(self) -> None:
+        self._choices: dict[tuple, Choice] = {}
+        self._sources: dict[tuple[str, int], list[_Source]] = {}
+        self._lock = threading.RLock()
+        self._warned: set[str] = set()
+
+    def choose(self, problem: Problem, device_type: str, device_index: int) -> Choice:
+        key = (problem, device_type, device_index)
+        choice = self._choices.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._choices.get(key)
+                if choice is None:
+                    choice = self._resolve(problem, device_type, device_index)
+                    self._choices[key] = choice
+        return choice
+
+    def choose_fp8(self, problem: Problem, device_type: str, device_index: int, max_error: float | None = None,
+                   recipe: Recipe | None = None) -> Choice:
+        """FP8: the fastest config on the stored time/error Pareto front of this problem (else
+        of the nearest tuned one) whose error is within ``max_error`` (default: the format's
+        tolerance) and whose recipe (fp8_scaling, fp8_hadamard; None parts match any) is
+        ``recipe``. A budget no front config meets gets the most accurate one, with a
+        warning; without a front, what :meth:`choose` gives, with that recipe."""
+        key = (problem, device_type, device_index, max_error, recipe)
+        choice = self._choices.get(key)
+        if choice is None:
+            with self._lock:
+                choice = self._resolve_fp8(problem, device_type, device_index, max_error, recipe)
+                self._choices[key] = choice
+        return choice
+
+    def reset(self) -> None:
+        """Forget everything read so far (after a tune or an import in this process)."""
+        with self._lock:
+            self._choices.clear()
+            self._sources.clear()
+            self._warned.clear()
+
+    # ------------------------------------------------------------------ resolving
+    def _resolve(self, problem: Problem, device_type: str, device_index: int) -> Choice:
+        gpu = gpu_of(device_type, device_index)
+        if _tuned_disabled():
+            return _default(problem, gpu)
+        sources = self._sources_for(gpu, device_type, device_index)
+        for source in sources:
+            found = source.tuned.winner_for(problem)
+            if found is not None:
+                winner, d = found
+                return Choice(winner.config, source.kind, winner.problem, d, source.tuned.origin)
+        if not any(s.tuned.winners for s in sources) and not gpu.is_interpreter and gpu.name not in self._warned:
+            self._warned.add(gpu.name)
+            warnings.warn(f"fa_autotune: no tuned configs for {gpu.name} (sm_{gpu.capability}); using built-in "
+                          "defaults. Run `fa-autotune tune` on this GPU to tune it.", RuntimeWarning, stacklevel=4)
+        return _default(problem, gpu)
+
+    def _resolve_fp8(self, problem, device_type, device_index, max_error, recipe) -> Choice:
+        gpu = gpu_of(device_type, device_index)
+        budget = TOLERANCE[problem.dtype] if max_error is None else max_error
+        if not _tuned_disabled():
+            front = self._front_for(problem, recipe, self._sources_for(gpu, device_type, device_index))
+            fits = [(p, origin) for p, origin in front if p.rel_error <= budget]
+            if fits:
+                best, origin = min(fits, key=lambda item: (item[0].median_ms, item[0].rel_error))
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin)
+            if front and max_error is not None:
+                best, origin = min(front, key=lambda item: (item[0].rel_error, item[0].median_ms))
+                self._warn_once(f"no tuned FP8 config of {problem.key} is within max_error={max_error} "
+                                f"(the most accurate measured {best.rel_error:.3g}); running that one")
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin)
+        if max_error is not None:
+            self._warn_once(f"no FP8 Pareto front tuned for {problem.key} on {gpu.name}: its error under "
+                            f"max_error={max_error} is unknown (`fa-autotune tune --dtype fp8 --max-error` measures it)")
+        base = self.choose(problem, device_type, device_index)
+        if recipe is None:
+            return base
+        changes = {k: v for k, v in zip(("fp8_scaling", "fp8_hadamard"), recipe) if v is not None}
+        return Choice(base.config.with_(**changes), base.source, base.matched, base.distance, base.origin)
+
+    @staticmethod
+    def _front_for(problem: Problem, recipe: Recipe | None,
+                   sources: list[_Source]) -> list[tuple[FrontPoint, str]]:
+        """The front (points with their origin) of the tuned problem nearest to ``problem``
+        among points of ``recipe``; a problem's front comes from the first source that has
+        one, as winners do."""
+        points: list[tuple[FrontPoint, str]] = []
+        for source in sources:
+            known = {p.problem for p, _ in points}
+            points += [(p, source.tuned.origin) for p in source.tuned.fronts if p.problem not in known]
+        points = [(p, origin) for p, origin in points if p.matches(recipe)]
+        found = nearest(problem, {p.problem for p, _ in points})
+        return [(p, origin) for p, origin in points if found is not None and p.problem == found[0]]
+
+    # ------------------------------------------------------------------ sources
+    def _sources_for(self, gpu: GpuInfo, device_type: str, device_index: int) -> list[_Source]:
+        key = (device_type, device_index)
+        if key not in self._sources:
+            sources = []
+            database = _database(gpu, self._warn_once)
+            if database is not None:
+                sources.append(_Source("database", database))
+            for directory in _config_dirs():
+                sources += _file_source(directory, gpu, "exported", self._warn_once)
+            sources += _file_source(_shipped_dir(), gpu, "shipped", self._warn_once)
+            self._sources[key] = sources
+        return self._sources[key]
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(f"fa_autotune: {message}", RuntimeWarning, stacklevel=6)
+
+
+def gpu_of(device_type: str, device_index: int) -> GpuInfo:
+    """What a tensor's device runs on: its GPU, or the interpreter for CPU tensors."""
+    return detect_gpu(device_index) if device_type == "cuda" else interpreter_gpu()
+
+
+def _tuned_disabled() -> bool:
+    return os.environ.get("FA_AUTOTUNE_DISABLE_TUNED", "") not in ("", "0")
+
+
+def _default(problem: Problem, gpu: GpuInfo) -> Choice:
+    return Choice(default_for(problem, gpu), "default", None, math.inf, "built-in")
+
+
+def _config_dirs() -> list[Path]:
+    raw = os.environ.get("FA_AUTOTUNE_CONFIG_DIR", "")
+    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
+
+
+def _shipped_dir() -> Path:
+    return data_dir("tuning_db")
+
+
+def _file_source(directory: Path, gpu: GpuInfo, kind: str, warn) -> list[_Source]:
+    """This GPU's file in ``directory``, if there is a usable one (a bad or foreign file is
+    skipped with a warning: it must not break attention())."""
+    path = directory / files.file_name(gpu)
+    if not path.is_file():
+        return []
+    try:
+        tuned = files.load(path)
+    except FaAutotuneError as exc:
+        warn(f"ignoring {exc}")
+        return []
+    if not tuned.gpu.same_model(gpu):
+        warn(f"ignoring {path}: it was tuned on {tuned.gpu.name} (sm_{tuned.gpu.capability})")
+        return []
+    return [_Source(kind, tuned)]
+
+
+def _database(gpu: GpuInfo, warn) -> Tuned | None:
+    """What the local database knows for this GPU (this Triton version's decisions over
+    others'), or None when there is no database or it cannot be read (warned)."""
+    url = default_db_url()
+    if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
+        return None  # never create a database just to look into it
+    try:
+        from ..store import connect  # SQLAlchemy only when there is a database to read
+        from ..store.tuned import tuned_for
+
+        db = connect(url)
+        try:
+            return tuned_for(db, gpu, prefer_triton=triton.__version__)
+        finally:
+            db.dispose()
+    except Exception as exc:  # an unreachable database must not break attention()
+        warn(f"cannot read tuned results from {url}: {exc}")
+        return None
+
+
+DISPATCHER = Dispatcher()

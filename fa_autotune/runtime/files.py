@@ -1,0 +1,179 @@
+"""Exported tuned-result files: one JSON file per GPU model and kernel family, e.g.
+``nvidia-h200.attn_fwd.json`` (see tuning_db/README.md).
+
+Files are written deterministically (sorted keys and entries, no timestamps) so they diff
+cleanly under version control, and validated completely on load: a corrupt, truncated,
+foreign or newer-schema file raises :class:`ConfigFileError` and nothing is imported. What
+a file holds is a :class:`~fa_autotune.spec.tuned.Tuned`, as the database gives it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, ConfigFileError, InputError
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from ..spec.target import GpuInfo, SoftwareInfo
+from ..spec.tuned import FrontPoint, Tuned, Winner
+
+if TYPE_CHECKING:
+    from ..store import Database
+
+SCHEMA = "fa_autotune.tuned_configs"
+SCHEMA_VERSION = 1
+FAMILY = "attn_fwd"
+
+
+def file_name(gpu: GpuInfo, family: str = FAMILY) -> str:
+    return f"{gpu.slug}.{family}.json"
+
+
+# ------------------------------------------------------------------ writing
+def export(db: "Database", out_dir: str | Path, gpu_filter: str | None = None) -> list[Path]:
+    """Write one file per GPU model found among the database's winners (its latest decision
+    per problem); returns the paths."""
+    from ..store.tuned import tuned_by_gpu  # SQLAlchemy only where a database is used
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return sorted(write(tuned, out) for tuned in tuned_by_gpu(db, gpu_filter) if tuned.winners)
+
+
+def write(tuned: Tuned, out_dir: Path) -> Path:
+    """The file of ``tuned`` in ``out_dir``: every winner, FP8 ones with their front."""
+    entries = {}
+    for winner in tuned.winners:
+        entry = {"problem": winner.problem.to_dict(), "config": _config_json(winner.config),
+                 "median_ms": winner.median_ms, "tflops": winner.tflops, "rel_error": winner.rel_error,
+                 "software": winner.software.to_dict()}
+        front = tuned.front_of(winner.problem)
+        if front:
+            entry["pareto"] = [{"config": _config_json(p.config), "median_ms": p.median_ms, "tflops": p.tflops,
+                                "rel_error": p.rel_error} for p in front]
+        entries[winner.problem.key] = entry
+    payload = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "family": FAMILY, "gpu": tuned.gpu.to_dict(),
+               "entries": entries}
+    path = out_dir / file_name(tuned.gpu)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _config_json(config: KernelConfig) -> dict[str, Any]:
+    """The parameters that differ from their defaults (later knobs left out), as stored."""
+    return json.loads(config.canonical_json())
+
+
+# ------------------------------------------------------------------ reading
+def load(path: str | Path) -> Tuned:
+    """Read and validate a config file completely; its origin is the path."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (truncated?)" if exc.pos >= len(text.rstrip()) - 1 else ""
+        raise ConfigFileError(f"{path}: not valid JSON{hint}: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigFileError(f"{path}: not an fa_autotune config file (schema {_get(data, 'schema')!r}, "
+                              f"expected {SCHEMA!r})")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConfigFileError(f"{path}: schema_version must be an integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise ConfigFileError(f"{path}: schema version {version} is newer than this fa_autotune reads "
+                              f"({SCHEMA_VERSION}); upgrade fa_autotune")
+    family = data.get("family")
+    if family != FAMILY:
+        raise ConfigFileError(f"{path}: kernel family {family!r} is not one this fa_autotune serves ({FAMILY!r})")
+    gpu = _gpu(path, data.get("gpu"))
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        raise ConfigFileError(f"{path}: 'entries' must be an object of problem key -> entry")
+    winners, fronts = [], []
+    for key, value in sorted(entries.items()):
+        winner, front = _entry(path, key, value, gpu)
+        winners.append(winner)
+        fronts.extend(front)
+    return Tuned(gpu, tuple(winners), tuple(fronts), str(path))
+
+
+def _get(data: Any, key: str) -> Any:
+    return data.get(key) if isinstance(data, dict) else None
+
+
+def _gpu(path: Path, raw: Any) -> GpuInfo:
+    fields = {"name": str, "capability": str, "sm_count": int, "memory_mb": int, "driver": str}
+    if not isinstance(raw, dict) or set(raw) != set(fields):
+        raise ConfigFileError(f"{path}: 'gpu' must have exactly {sorted(fields)}")
+    for name, kind in fields.items():
+        if not isinstance(raw[name], kind) or isinstance(raw[name], bool):
+            raise ConfigFileError(f"{path}: gpu.{name} must be {kind.__name__}, got {raw[name]!r}")
+    return GpuInfo(**raw)
+
+
+def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[FrontPoint]]:
+    where = f"{path}: entries[{key!r}]"
+    if not isinstance(raw, dict):
+        raise ConfigFileError(f"{where} must be an object")
+    missing = {"problem", "config", "median_ms", "tflops", "rel_error", "software"} - set(raw)
+    if missing:
+        raise ConfigFileError(f"{where} lacks {sorted(missing)}")
+    try:
+        if not isinstance(raw["problem"], dict):
+            raise InputError("problem must be an object")
+        problem = Problem(**raw["problem"])
+        config = KernelConfig.from_mapping(raw["config"])
+    except (InputError, ConfigError, TypeError) as exc:
+        raise ConfigFileError(f"{where}: {exc}") from None
+    if problem.key != key:
+        raise ConfigFileError(f"{where}: key does not match its problem ({problem.key})")
+    for name in ("median_ms", "tflops"):
+        value = raw[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigFileError(f"{where}: {name} must be a positive number, got {value!r}")
+    rel = raw["rel_error"]
+    if rel is not None and (isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel)):
+        raise ConfigFileError(f"{where}: rel_error must be a number or null, got {rel!r}")
+    sw = raw["software"]
+    names = ("triton", "torch", "cuda", "fa_autotune", "template_hash")
+    if not isinstance(sw, dict) or set(sw) != set(names) or not all(isinstance(sw[n], str) for n in names):
+        raise ConfigFileError(f"{where}: software must have string fields {list(names)}")
+    software = SoftwareInfo(**sw)
+    winner = Winner(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, gpu, software,
+                    source="import")
+    return winner, _front(where, raw.get("pareto", []), winner)
+
+
+def _front(where: str, raw: Any, winner: Winner) -> list[FrontPoint]:
+    if not isinstance(raw, list):
+        raise ConfigFileError(f"{where}: pareto must be a list of points")
+    points = []
+    for i, point in enumerate(raw):
+        here = f"{where}.pareto[{i}]"
+        if not isinstance(point, dict) or set(point) != {"config", "median_ms", "tflops", "rel_error"}:
+            raise ConfigFileError(f"{here} must have exactly config, median_ms, tflops, rel_error")
+        try:
+            config = KernelConfig.from_mapping(point["config"])
+        except (ConfigError, TypeError) as exc:
+            raise ConfigFileError(f"{here}: {exc}") from None
+        for name in ("median_ms", "tflops", "rel_error"):
+            value = point[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigFileError(f"{here}: {name} must be a non-negative number, got {value!r}")
+        points.append(FrontPoint(winner.problem, config, float(point["median_ms"]), float(point["tflops"]),
+                                 float(point["rel_error"]), winner.gpu, winner.software))
+    return points
+
+
+# ------------------------------------------------------------------ importing
+def import_files(db: "Database", paths: list[str | Path]) -> int:
+    """Validate every file first, then load all entries in one transaction; returns the count."""
+    from ..store.tuned import import_tuned  # SQLAlchemy only where a database is used
+
+    return import_tuned(db, [load(p) for p in paths])

@@ -1,0 +1,204 @@
+"""Kernel configs: the typed, validated values every template is rendered from.
+
+A :class:`KernelConfig` is problem-independent (it names a kernel variant); whether it
+suits a given problem is checked separately by :func:`check_config_for_problem`.
+Nothing reaches a template without passing through :meth:`KernelConfig.from_mapping`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv")
+CAUSAL_MODES = ("masked", "split")
+ACCESS_MODES = ("pointer", "block_ptr", "tensor_desc")
+POW2_BLOCKS = (16, 32, 64, 128, 256)
+WARPS = (2, 4, 8, 16)
+STAGES = (1, 2, 3, 4, 5, 6, 7)
+MAX_SPLITS = 128
+MAX_Q_TILES = 64
+TILE_ORDERS = ("seq", "head")
+FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
+FP8_PV_MODES = ("separate", "inplace")
+MAX_PERSISTENT = 4
+MAX_RESCALE_THRESHOLD = 16
+# Kernel-structure knobs added after the first release: the canonical JSON (the identity
+# stored in databases and config files) leaves them out while they hold these defaults,
+# so every config tuned before they existed keeps its key.
+STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
+                      "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
+                      "fp8_pv": "separate"}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One forward-attention kernel variant (all template parameters)."""
+
+    loop_order: str = "q_outer"
+    BLOCK_M: int = 128
+    BLOCK_N: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    causal_mode: str = "split"
+    access: str = "pointer"
+    warp_specialize: bool = False
+    num_splits: int = 1
+    q_tiles: int = 1
+    rescale_threshold: int = 0
+    exp2_poly: bool = False
+    persistent: int = 0
+    tile_order: str = "seq"
+    maxnreg: int = 0
+    # FP8 problems only: how attention_fp8 quantizes the inputs for this kernel (the recipe
+    # decides the error, the rest of the config the speed).
+    fp8_scaling: str = "per_block"
+    fp8_hadamard: bool = True
+    # FP8 kernels: "separate" PV products descaled as they are added to the accumulator, or
+    # "inplace" accumulation descaled once in the epilogue (one V descale per head only).
+    fp8_pv: str = "separate"
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> "KernelConfig":
+        """Build a config from user data (JSON, YAML, kwargs); unknown keys are errors."""
+        if isinstance(mapping, KernelConfig):
+            return mapping
+        if not isinstance(mapping, Mapping):
+            raise ConfigError("config", f"expected a mapping of template parameters, got {type(mapping).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key in mapping:
+            if key not in known:
+                raise ConfigError(str(key), f"unknown template parameter; known: {', '.join(sorted(known))}")
+        return cls(**dict(mapping))
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | str) -> "KernelConfig | None":
+        """A config read back from a database or file, or None if this version of
+        fa_autotune no longer accepts it (rules tighten when Triton bugs are found)."""
+        try:
+            return cls.from_mapping(json.loads(data) if isinstance(data, str) else data)
+        except (ConfigError, ValueError, TypeError):
+            return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def canonical_json(self) -> str:
+        """Stable text form: sorted keys, no spaces, later knobs left out at their defaults;
+        the identity used for hashing and storage."""
+        data = {k: v for k, v in self.to_dict().items() if STRUCTURE_DEFAULTS.get(k, _KEEP) != v}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """Short stable hash of the canonical JSON."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        """Deterministic kernel name that spells the variant, FlashInfer style."""
+        loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
+        access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
+        parts = [
+            f"attn_fwd_{loop}",
+            f"m{self.BLOCK_M}n{self.BLOCK_N}",
+            f"w{self.num_warps}s{self.num_stages}",
+            access + ("_ws" if self.warp_specialize else ""),
+            "cband" if self.causal_mode == "split" else "cmask",
+        ]
+        if self.loop_order == "split_kv":
+            parts.append(f"x{self.num_splits}")
+        if self.loop_order == "kv_outer" or self.q_tiles > 1:
+            parts.append(f"q{self.q_tiles}")
+        if self.rescale_threshold:
+            parts.append(f"lazy{self.rescale_threshold}")
+        if self.exp2_poly:
+            parts.append("poly")
+        if self.persistent:
+            parts.append(f"pers{self.persistent}")
+        if self.tile_order != "seq":
+            parts.append(f"{self.tile_order}major")
+        if self.maxnreg:
+            parts.append(f"r{self.maxnreg}")
+        if self.fp8_scaling != "per_block":
+            parts.append({"per_tensor": "fp8tensor", "per_head": "fp8head"}[self.fp8_scaling])
+        if not self.fp8_hadamard:
+            parts.append("nohad")
+        if self.fp8_pv != "separate":
+            parts.append("pvin")
+        return "_".join(parts)
+
+    def with_(self, **changes: Any) -> "KernelConfig":
+        return replace(self, **changes)
+
+
+_KEEP = object()
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"{value!r} is not one of {list(choices)}")
+
+
+def _check_int(name: str, value: Any, choices: tuple | None = None, lo: int = 1, hi: int = 1 << 30) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"expected an integer, got {value!r}")
+    if choices is not None:
+        _check_choice(name, value, choices)
+    elif not lo <= value <= hi:
+        raise ConfigError(name, f"{value} is outside [{lo}, {hi}]")
+
+
+def _validate(cfg: KernelConfig) -> None:
+    _check_choice("loop_order", cfg.loop_order, LOOP_ORDERS)
+    _check_int("BLOCK_M", cfg.BLOCK_M, POW2_BLOCKS)
+    _check_int("BLOCK_N", cfg.BLOCK_N, POW2_BLOCKS)
+    _check_int("num_warps", cfg.num_warps, WARPS)
+    _check_int("num_stages", cfg.num_stages, STAGES)
+    _check_choice("causal_mode", cfg.causal_mode, CAUSAL_MODES)
+    _check_choice("access", cfg.access, ACCESS_MODES)
+    if not isinstance(cfg.warp_specialize, bool):
+        raise ConfigError("warp_specialize", f"expected true or false, got {cfg.warp_specialize!r}")
+    _check_int("num_splits", cfg.num_splits, lo=1, hi=MAX_SPLITS)
+    _check_int("q_tiles", cfg.q_tiles, lo=1, hi=MAX_Q_TILES)
+    if cfg.num_splits != 1 and cfg.loop_order != "split_kv":
+        raise ConfigError("num_splits", "only loop_order='split_kv' splits the K/V sequence; use 1")
+    if cfg.q_tiles > 2 and cfg.loop_order == "q_outer":
+        raise ConfigError("q_tiles", "loop_order='q_outer' interleaves at most 2 Q tiles per program")
+    if cfg.q_tiles != 1 and cfg.loop_order == "split_kv":
+        raise ConfigError("q_tiles", "loop_order='split_kv' owns one Q tile per program; use 1")
+    _validate_structure(cfg)
+    if cfg.warp_specialize and cfg.loop_order != "q_outer":
+        # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
+        # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
+        raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
+    if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split" or cfg.num_stages != 2):
+        # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
+        # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
+        raise ConfigError("warp_specialize", "needs access='tensor_desc', causal_mode='split' and num_stages=2")
+
+
+def _validate_structure(cfg: KernelConfig) -> None:
+    """The FlashAttention-3/4 structure knobs; all but maxnreg shape the Q-outer loop."""
+    _check_int("rescale_threshold", cfg.rescale_threshold, lo=0, hi=MAX_RESCALE_THRESHOLD)
+    if not isinstance(cfg.exp2_poly, bool):
+        raise ConfigError("exp2_poly", f"expected true or false, got {cfg.exp2_poly!r}")
+    _check_int("persistent", cfg.persistent, lo=0, hi=MAX_PERSISTENT)
+    _check_choice("tile_order", cfg.tile_order, TILE_ORDERS)
+    _check_choice("fp8_scaling", cfg.fp8_scaling, FP8_SCALINGS)
+    _check_choice("fp8_pv", cfg.fp8_pv, FP8_PV_MODES)
+    if not isinstance(cfg.fp8_hadamard, bool):
+        raise ConfigError("fp8_hadamard", f"expected true or false, got {cfg.fp8_hadamard!r}")
+    _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)
+    if cfg.maxnreg and (cfg.maxnreg < 64 or cfg.maxnreg % 8):
+        raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")
+    if cfg.loop_order != "q_outer":
+        for name in ("rescale_threshold", "exp2_poly", "persistent", "tile_order"):
+            if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
+                raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")

@@ -1,0 +1,399 @@
+"""Search spaces as data: ``search_spaces/*.yaml`` parsed into frozen dataclasses.
+
+Constraints are small expressions (names, numbers, strings, arithmetic, comparisons,
+and/or/not) compiled into a checked AST and evaluated by a tiny interpreter, never by
+``eval``. Every problem in a file is reported with the file, the line and the key.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import json
+import operator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from ..errors import ConfigError, InputError, SearchSpaceError
+from ..paths import data_dir
+from .config import STRUCTURE_DEFAULTS, KernelConfig
+from .problem import Problem
+
+PROBLEM_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_pad",
+                 "gqa_group", "causal", "dtype", "fp8")
+PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig))
+ARCH_KEYS = ("sm90", "sm80", "interpreter")
+_PRESET_KEYS = {"batch", "heads", "kv_heads", "seqlen", "seqlen_k", "head_dim", "dtype", "causal", "causal_align",
+                "hidden", "tokens"}
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+
+
+# ---------------------------------------------------------------- safe expressions
+@dataclass(frozen=True)
+class Expression:
+    """A validated constraint; ``where`` locates it in its file for error messages."""
+
+    text: str
+    where: str
+    tree: ast.Expression
+
+    @property
+    def parameters(self) -> frozenset[str]:
+        """Template parameters the expression reads."""
+        return frozenset(n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and n.id in PARAMETER_NAMES)
+
+    @classmethod
+    def parse(cls, text: str, where: str, names: tuple[str, ...]) -> "Expression":
+        if not isinstance(text, str) or not text.strip():
+            raise SearchSpaceError(f"{where}: a constraint must be a non-empty string, got {text!r}")
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise SearchSpaceError(f"{where}: constraint {text!r} is not an expression ({exc.msg})") from None
+        for node in ast.walk(tree):
+            _check_node(node, text, where, names)
+        return cls(text.strip(), where, tree)
+
+    def evaluate(self, env: Mapping[str, Any]) -> Any:
+        return _eval(self.tree.body, env)
+
+
+_ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+            ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, *_BINARY, *_COMPARE)
+
+
+def _check_node(node: ast.AST, text: str, where: str, names: tuple[str, ...]) -> None:
+    if not isinstance(node, _ALLOWED):
+        raise SearchSpaceError(f"{where}: constraint {text!r} uses {type(node).__name__}, which is not allowed "
+                               "(names, numbers, strings, arithmetic, comparisons, and/or/not only)")
+    if isinstance(node, ast.Constant) and not isinstance(node.value, (bool, int, float, str)):
+        raise SearchSpaceError(f"{where}: constraint {text!r} has an unsupported literal {node.value!r}")
+    if isinstance(node, ast.Name) and node.id not in names and node.id not in ("true", "false"):
+        raise SearchSpaceError(f"{where}: constraint {text!r} uses unknown name {node.id!r}; "
+                               f"known: {', '.join(names)}")
+
+
+def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return {"true": True, "false": False}[node.id] if node.id in ("true", "false") else env[node.id]
+    if isinstance(node, ast.BoolOp):
+        values = (_eval(v, env) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.UnaryOp):
+        value = _eval(node.operand, env)
+        return {ast.Not: lambda x: not x, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](value)
+    if isinstance(node, ast.BinOp):
+        return _BINARY[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comparator in zip(node.ops, node.comparators):
+            right = _eval(comparator, env)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise SearchSpaceError(f"unexpected expression node {type(node).__name__}")  # unreachable after parse
+
+
+# ---------------------------------------------------------------- the space
+@dataclass(frozen=True)
+class Parameter:
+    """Candidate values of one template parameter; searched only where ``when`` holds."""
+
+    name: str
+    choices: tuple
+    when: Expression | None = None
+    otherwise: Any = None
+
+    def active(self, env: Mapping[str, Any]) -> bool:
+        return self.when is None or bool(self.when.evaluate(env))
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    problems: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class ArchOverride:
+    parameters: tuple[Parameter, ...]
+    constraints: tuple[Expression, ...]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Parameters, constraints and presets of one file, optionally resolved for an arch."""
+
+    name: str
+    path: str
+    parameters: tuple[Parameter, ...]
+    constraints: tuple[Expression, ...]
+    presets: Mapping[str, Preset]
+    arch: Mapping[str, ArchOverride]
+    resolved_for: str | None = None
+
+    def for_arch(self, arch: str) -> "SearchSpace":
+        """The space as seen on ``arch`` ("sm90", "sm80" or "interpreter")."""
+        if arch not in ARCH_KEYS:
+            raise SearchSpaceError(f"unknown architecture {arch!r}; expected one of {ARCH_KEYS}")
+        override = self.arch.get(arch)
+        if override is None:
+            return SearchSpace(self.name, self.path, self.parameters, self.constraints, self.presets, self.arch, arch)
+        replaced = {p.name: p for p in override.parameters}
+        params = tuple(replaced.get(p.name, p) for p in self.parameters)
+        return SearchSpace(self.name, self.path, params, self.constraints + override.constraints,
+                           self.presets, self.arch, arch)
+
+    def violated(self, params: Mapping[str, Any], problem: Problem) -> Expression | None:
+        """The first constraint ``params`` break on ``problem``, or None."""
+        env = dict(_problem_env(problem), **params)
+        for constraint in self.constraints:
+            if not constraint.evaluate(env):
+                return constraint
+        return None
+
+    def choices_for(self, parameter: Parameter, problem: Problem) -> tuple:
+        """Candidates of ``parameter`` that pass every constraint naming only it and the
+        problem: fixed for a given problem, so one Optuna study sees fixed choices."""
+        env = _problem_env(problem)
+        own = [c for c in self.constraints if c.parameters == frozenset({parameter.name})]
+        return tuple(v for v in parameter.choices if all(c.evaluate(dict(env, **{parameter.name: v})) for c in own))
+
+    def suggest(self, choose: Callable[[str, tuple], Any], problem: Problem) -> dict[str, Any]:
+        """Walk the parameters in file order; ``choose(name, choices)`` picks each active
+        one (an Optuna trial's suggest_categorical), inactive ones take their fallback."""
+        env = _problem_env(problem)
+        params: dict[str, Any] = {}
+        for parameter in self.parameters:
+            if not parameter.active(dict(env, **params)):
+                params[parameter.name] = parameter.otherwise
+                continue
+            choices = self.choices_for(parameter, problem)
+            if not choices:
+                raise SearchSpaceError(f"{self.path}: no value of {parameter.name} suits {problem.key}")
+            params[parameter.name] = choices[0] if len(choices) == 1 else choose(parameter.name, choices)
+        return params
+
+    def grid(self, problem: Problem) -> list[KernelConfig]:
+        """Every config of the space that satisfies the constraints on ``problem``."""
+        out: list[KernelConfig] = []
+        for params in self._walk(problem, 0, {}):
+            if self.violated(params, problem) is None:
+                try:
+                    out.append(KernelConfig.from_mapping(params))
+                except ConfigError:
+                    continue
+        return out
+
+    def _walk(self, problem: Problem, index: int, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        if index == len(self.parameters):
+            yield dict(params)
+            return
+        parameter = self.parameters[index]
+        if parameter.active(dict(_problem_env(problem), **params)):
+            values = self.choices_for(parameter, problem)
+        else:
+            values = (parameter.otherwise,)
+        for value in values:
+            params[parameter.name] = value
+            yield from self._walk(problem, index + 1, params)
+        params.pop(parameter.name, None)
+
+    @property
+    def hash(self) -> str:
+        payload = {"params": {p.name: [list(p.choices), p.when.text if p.when else None, p.otherwise]
+                              for p in self.parameters},
+                   "constraints": [c.text for c in self.constraints], "arch": self.resolved_for}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _problem_env(problem: Problem) -> dict[str, Any]:
+    return {"batch": problem.batch, "heads_q": problem.heads_q, "heads_kv": problem.heads_kv,
+            "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k, "head_dim": problem.head_dim,
+            "head_dim_pad": problem.head_dim_pad, "gqa_group": problem.gqa_group, "causal": problem.causal,
+            "dtype": problem.dtype, "fp8": problem.is_fp8}
+
+
+# ---------------------------------------------------------------- loading
+def load_space(name_or_path: str | Path = "fwd") -> SearchSpace:
+    """Load ``search_spaces/<name>.yaml`` (or a path); errors name file, line and key."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = data_dir("search_spaces") / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise SearchSpaceError(f"search space file {path} does not exist")
+    return parse_space(path.read_text(), str(path))
+
+
+def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise SearchSpaceError(f"{filename}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    loc = _Locator(filename, root)
+    if not isinstance(data, dict):
+        raise SearchSpaceError(f"{filename}: expected a mapping at the top level")
+    unknown = set(data) - {"version", "kernel", "parameters", "constraints", "arch", "presets"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise SearchSpaceError(f"{loc.at(key)}: unknown top-level key {key!r}")
+    if data.get("version") != 1:
+        raise SearchSpaceError(f"{loc.at('version')}: version must be 1, got {data.get('version')!r}")
+    params = _parse_parameters(data.get("parameters"), loc, ("parameters",), require_all=True)
+    names = PARAMETER_NAMES + PROBLEM_NAMES
+    constraints = _parse_constraints(data.get("constraints", []), loc, ("constraints",), names)
+    arch = {}
+    for key, body in (data.get("arch") or {}).items():
+        if key not in ARCH_KEYS:
+            raise SearchSpaceError(f"{loc.at('arch', key)}: unknown architecture {key!r}; expected one of {ARCH_KEYS}")
+        if not isinstance(body, dict) or set(body) - {"parameters", "constraints"}:
+            raise SearchSpaceError(f"{loc.at('arch', key)}: expected 'parameters' and/or 'constraints'")
+        arch[key] = ArchOverride(
+            _parse_parameters(body.get("parameters") or {}, loc, ("arch", key, "parameters"), require_all=False),
+            _parse_constraints(body.get("constraints", []), loc, ("arch", key, "constraints"), names),
+        )
+    presets = {name: _parse_preset(name, body, loc) for name, body in (data.get("presets") or {}).items()}
+    return SearchSpace(str(data.get("kernel", "attn_fwd")), filename, params, constraints, presets, arch)
+
+
+class _Locator:
+    """Turns a key path into ``file:line (key.path)`` using the YAML node tree."""
+
+    def __init__(self, filename: str, root) -> None:
+        self.filename, self.root = filename, root
+
+    def at(self, *path: Any) -> str:
+        node, line = self.root, None
+        for part in path:
+            child = None
+            if node is not None and node.id == "mapping":
+                for key_node, value_node in node.value:
+                    if key_node.value == str(part):
+                        child, line = value_node, key_node.start_mark.line + 1
+            elif node is not None and node.id == "sequence" and isinstance(part, int) and part < len(node.value):
+                child = node.value[part]
+                line = child.start_mark.line + 1
+            node = child
+        where = f"{self.filename}:{line}" if line else self.filename
+        return f"{where} ({'.'.join(str(p) for p in path)})"
+
+
+def _parse_parameters(raw: Any, loc: _Locator, path: tuple, require_all: bool) -> tuple[Parameter, ...]:
+    if not isinstance(raw, dict) or (require_all and not raw):
+        raise SearchSpaceError(f"{loc.at(*path)}: expected a mapping of parameter -> list of values")
+    out = []
+    for name, spec in raw.items():
+        where = loc.at(*path, name)
+        if name not in PARAMETER_NAMES:
+            raise SearchSpaceError(f"{where}: unknown parameter {name!r}; known: {', '.join(PARAMETER_NAMES)}")
+        out.append(_parse_parameter(name, spec, where))
+    if require_all:
+        missing = [n for n in PARAMETER_NAMES if n not in raw and n not in STRUCTURE_DEFAULTS]
+        if missing:
+            raise SearchSpaceError(f"{loc.at(*path)}: missing parameters {missing}")
+    return tuple(out)
+
+
+def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
+    when, otherwise, values = None, None, spec
+    if isinstance(spec, dict):
+        extra = set(spec) - {"values", "when", "otherwise"}
+        if extra or "values" not in spec or ("when" in spec) != ("otherwise" in spec):
+            raise SearchSpaceError(f"{where}: expected a list, or a mapping with 'values' (and 'when' + 'otherwise')")
+        values = spec["values"]
+        if "when" in spec:
+            cond = spec["when"] if isinstance(spec["when"], str) else str(spec["when"]).lower()
+            when = Expression.parse(cond, f"{where}.when", PARAMETER_NAMES + PROBLEM_NAMES)
+            otherwise = spec["otherwise"]
+            _check_value(name, otherwise, f"{where}.otherwise")
+    if not isinstance(values, list) or not values:
+        raise SearchSpaceError(f"{where}: expected a non-empty list of values")
+    if len(set(map(repr, values))) != len(values):
+        raise SearchSpaceError(f"{where}: duplicate values in {values}")
+    for value in values:
+        _check_value(name, value, where)
+    return Parameter(name, tuple(values), when, otherwise)
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    """Each candidate must be a value the template accepts on its own."""
+    probe = {name: value}
+    if name == "num_splits":
+        probe["loop_order"] = "split_kv"
+    if name == "q_tiles" and value > 2:
+        probe["loop_order"] = "kv_outer"
+    if name == "warp_specialize":
+        probe.update(access="tensor_desc", num_stages=2)
+    try:
+        KernelConfig.from_mapping(probe)
+    except ConfigError as exc:
+        raise SearchSpaceError(f"{where}: value {value!r} rejected ({exc})") from None
+
+
+def _parse_constraints(raw: Any, loc: _Locator, path: tuple, names: tuple[str, ...]) -> tuple[Expression, ...]:
+    if not isinstance(raw, list):
+        raise SearchSpaceError(f"{loc.at(*path)}: expected a list of expressions")
+    return tuple(Expression.parse(text, loc.at(*path, i), names) for i, text in enumerate(raw))
+
+
+def _parse_preset(name: str, body: Any, loc: _Locator) -> Preset:
+    where = loc.at("presets", name)
+    if not isinstance(body, dict) or not isinstance(body.get("problems"), list) or not body["problems"]:
+        raise SearchSpaceError(f"{where}: expected 'problems', a non-empty list of problem entries")
+    problems: list[Problem] = []
+    for i, entry in enumerate(body["problems"]):
+        entry_where = loc.at("presets", name, "problems", i)
+        if not isinstance(entry, dict):
+            raise SearchSpaceError(f"{entry_where}: expected a mapping")
+        unknown = set(entry) - _PRESET_KEYS
+        if unknown:
+            raise SearchSpaceError(f"{entry_where}: unknown key {sorted(unknown)[0]!r}; known: {sorted(_PRESET_KEYS)}")
+        for combo in _expand(entry):
+            try:
+                problem = _problem_from_entry(combo)
+            except (InputError, TypeError, KeyError, ValueError) as exc:
+                raise SearchSpaceError(f"{entry_where}: {exc}") from None
+            if problem not in problems:
+                problems.append(problem)
+    return Preset(name, str(body.get("description", "")), tuple(problems))
+
+
+def _expand(entry: dict) -> Iterator[dict]:
+    keys = list(entry)
+    lists = [entry[k] if isinstance(entry[k], list) else [entry[k]] for k in keys]
+    for values in itertools.product(*lists):
+        yield dict(zip(keys, values))
+
+
+def _problem_from_entry(e: dict) -> Problem:
+    head_dim = e["head_dim"]
+    heads = e["hidden"] // head_dim if "hidden" in e else e.get("heads")
+    seqlen = e["seqlen"]
+    batch = e["tokens"] // seqlen if "tokens" in e else e.get("batch", 1)
+    if heads is None:
+        raise KeyError("give 'heads' or 'hidden'")
+    if "hidden" in e and e["hidden"] % head_dim:
+        raise ValueError(f"hidden {e['hidden']} is not a multiple of head_dim {head_dim}")
+    if "tokens" in e and e["tokens"] % seqlen:
+        raise ValueError(f"tokens {e['tokens']} is not a multiple of seqlen {seqlen}")
+    return Problem(batch=batch, heads_q=heads, heads_kv=e.get("kv_heads", heads), seqlen_q=seqlen,
+                   seqlen_k=e.get("seqlen_k", seqlen), head_dim=head_dim, dtype=e.get("dtype", "float16"),
+                   causal=bool(e.get("causal", False)), causal_align=e.get("causal_align", "top_left"))

@@ -1,0 +1,73 @@
+"""Measurement inputs: built once per trial, shared by the correctness gate and the timing.
+
+Fresh random data every trial (never zeros: they hide bugs). FP8 problems are judged on
+LLM-like float32 activations with outlier channels, quantized as the config's recipe says;
+the reference reads the unquantized inputs. Compiling needs only the layout
+(:func:`fa_autotune.kernels.aot.example_inputs`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks
+from ..kernels.checks import check_config, check_fp8_scales
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+
+FP8_OUTLIER_CHANNELS = 4
+FP8_OUTLIER_FACTOR = 20.0
+
+
+def random_inputs(problem: Problem, device: str, seed: int | None = None):
+    """Fresh normal q, k, v in (B, H, N, D) layout."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed())
+    dtype = getattr(torch, problem.dtype)
+
+    def one(heads: int, rows: int) -> torch.Tensor:
+        shape = (problem.batch, heads, rows, problem.head_dim)
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    return one(problem.heads_q, problem.seqlen_q), one(problem.heads_kv, problem.seqlen_k), one(problem.heads_kv, problem.seqlen_k)
+
+
+def fp8_source_inputs(problem: Problem, device: str, seed: int | None = None):
+    """What FP8 accuracy is judged on: float32 q, k, v like LLM activations, normal data
+    (std 0.25) with FP8_OUTLIER_CHANNELS channels of Q and K FP8_OUTLIER_FACTOR times larger,
+    the outliers that per-block scaling and incoherent processing are for."""
+    q, k, v = random_inputs(problem.with_dtype("float32"), device, seed)
+    channels = torch.arange(FP8_OUTLIER_CHANNELS, device=device) * (problem.head_dim // FP8_OUTLIER_CHANNELS)
+    q, k = q * 0.25, k * 0.25
+    q[..., channels] *= FP8_OUTLIER_FACTOR
+    k[..., channels] *= FP8_OUTLIER_FACTOR
+    return q, k, v
+
+
+@dataclass(frozen=True, eq=False)
+class TrialInputs:
+    """What one trial's kernel and reference read: ``q, k, v`` (FP8: quantized, with
+    ``scales``), ``reference`` the (unquantized) inputs the float32 reference takes."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scales: tuple | None
+    reference: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+    @classmethod
+    def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
+        """Fresh inputs for ``config`` on ``problem``, with ``config`` checked against them
+        (a ConfigError names what it cannot run)."""
+        if not problem.is_fp8:
+            q, k, v = random_inputs(problem, device, seed)
+            check_config(config, problem, q, k, v)
+            return cls(q, k, v, None, (q, k, v))
+        source = fp8_source_inputs(problem, device, seed)
+        block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
+        x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard,
+                         fmt=fmt_of(problem.dtype), block_q=block_q, block_k=block_k)
+        check_config(config, problem, x.q, x.k, x.v)
+        check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
+        return cls(x.q, x.k, x.v, x.scales, source)

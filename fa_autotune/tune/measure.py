@@ -1,0 +1,82 @@
+"""Correctness gate and timing: the two things every variant must pass through, on one
+trial's :class:`~fa_autotune.tune.inputs.TrialInputs`.
+
+Timing follows METHOD.md: CUDA events around the call (``triton.testing.do_bench``), L2
+flushed between repetitions, median with the 20th/80th percentiles as spread. Outputs are
+NaN-poisoned before a checked launch, so an element the kernel never writes fails.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..kernels.launcher import allocate_outputs, check_interpretable, prepare, resolve_scale, run
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from .inputs import TrialInputs
+from .reference import ErrorReport, compare, reference_attention
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+
+def check_correct(config: KernelConfig, problem: Problem, inputs: TrialInputs) -> ErrorReport:
+    """Run ``config`` once on ``inputs`` into a NaN-filled output; compare with float32
+    attention on the same (for FP8: the unquantized) inputs."""
+    out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
+    out.fill_(float("nan"))
+    scale = resolve_scale(None, problem.head_dim)
+    run(config, problem, inputs.q, inputs.k, inputs.v, scale, out, None, inputs.scales)
+    ref, _ = reference_attention(*inputs.reference, causal=problem.causal, scale=scale,
+                                 causal_align=problem.causal_align)
+    return compare(out, ref)
+
+
+def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> Timing:
+    """Median and 20/80 percentiles of ``fn`` in ms, L2 flushed before each repetition.
+
+    On the CPU (Triton's interpreter) a few wall-clock runs stand in: such numbers time
+    the interpreter, never a GPU, and are labelled so wherever they are shown.
+    """
+    if device == "cpu":
+        fn()
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        samples.sort()
+        return Timing(statistics.median(samples), samples[0], samples[-1])
+    from triton.testing import do_bench
+
+    median, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return Timing(float(median), float(p20), float(p80))
+
+
+def time_config(config: KernelConfig, problem: Problem, inputs: TrialInputs, rep_ms: float = 100) -> Timing:
+    """Time ``config``'s prepared launch on ``inputs``, as ``attention()`` runs it after its
+    first call: output preallocated, FP8 inputs quantized beforehand."""
+    out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
+    check_interpretable(inputs.q)
+    plan = prepare(config, inputs.q, inputs.k, inputs.v, out, None, resolve_scale(None, problem.head_dim),
+                   problem.causal_offset, problem.causal, inputs.scales)
+    q, k, v, scales = inputs.q, inputs.k, inputs.v, inputs.scales
+    return time_callable(lambda: plan(q, k, v, out, None, scales), rep_ms=rep_ms, device=q.device.type)
+
+
+def peak_extra_bytes(fn: Callable[[], object]):
+    """(result, peak GPU memory ``fn`` allocated beyond what was live before it)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, torch.cuda.max_memory_allocated() - before

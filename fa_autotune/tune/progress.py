@@ -1,0 +1,80 @@
+"""Live progress of a tune (rich) and the summary table at its end."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ..spec.config import KernelConfig
+from ..spec.problem import Problem
+from .search import ProblemOutcome
+
+INTERPRETER_NOTE = ("No CUDA GPU: kernels run in Triton's interpreter on the CPU. Timings are interpreter "
+                    "timings, not GPU timings; the pipeline and the database are otherwise the same.")
+
+
+class RichReporter:
+    """Overall bar (trials done / total, ETA) and a line on the current problem: its best
+    config and TFLOPS so far and failures by status."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
+            console=self.console, transient=False,
+        )
+        self.total_task = None
+        self.started = time.monotonic()
+        self.statuses: Counter = Counter()
+
+    def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None:
+        if interpreter:
+            self.console.print(f"[yellow]{INTERPRETER_NOTE}[/yellow]")
+        self.console.print(f"Tuning {len(problems)} problem(s).")
+        self.progress.start()
+        self.total_task = self.progress.add_task("all problems", total=None, detail="")
+        self.problem_task = self.progress.add_task("", total=None, detail="")
+
+    def problem_started(self, index: int, outcome: ProblemOutcome, target: int) -> None:
+        total = self.progress.tasks[self.total_task].total or 0
+        self.progress.update(self.total_task, total=total + target - outcome.trials)
+        self.progress.reset(self.problem_task, total=target, completed=outcome.trials,
+                             description=f"[{index + 1}] {outcome.problem.key}", detail="")
+
+    def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig | None, ms: float | None) -> None:
+        self.progress.advance(self.total_task)
+        self.progress.advance(self.problem_task)
+        self.progress.update(self.problem_task, detail=self._detail(outcome))
+
+    @staticmethod
+    def _detail(outcome: ProblemOutcome) -> str:
+        parts = []
+        if outcome.best is not None:
+            parts.append(f"best {outcome.best_tflops:.1f} TFLOPS {outcome.best.name}")
+        failures = {k: v for k, v in outcome.statuses.items() if k != "ok"}
+        if failures:
+            parts.append("failed: " + ", ".join(f"{k}={v}" for k, v in sorted(failures.items())))
+        return " | ".join(parts)
+
+    def problem_finished(self, outcome: ProblemOutcome) -> None:
+        self.statuses.update(outcome.statuses)
+
+    def finish(self, outcomes: list[ProblemOutcome]) -> None:
+        self.progress.stop()
+
+
+def summary_table(outcomes: list[ProblemOutcome], interpreter: bool) -> Table:
+    unit = "ms (interpreter)" if interpreter else "ms"
+    table = Table(title="fa-autotune: best config per problem", show_lines=False)
+    for column in ("problem", "best config", unit, "TFLOPS", "ties", "trials", "new", "reused", "failures", "wall s"):
+        table.add_column(column, overflow="fold")
+    for o in outcomes:
+        failures = ", ".join(f"{k}={v}" for k, v in sorted(o.statuses.items()) if k != "ok") or "-"
+        table.add_row(o.problem.key, o.best.name if o.best else "(none passed)",
+                      f"{o.best_ms:.4f}" if o.best_ms else "-", f"{o.best_tflops:.1f}" if o.best_tflops else "-",
+                      str(o.ties or "-"), str(o.trials), str(o.new_trials), str(o.reused), failures, f"{o.seconds:.1f}")
+    return table

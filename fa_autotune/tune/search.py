@@ -1,0 +1,527 @@
+"""The tuner: an Optuna study per problem, every trial compiled ahead, checked, timed, stored.
+
+One trial: the space proposes a config (Optuna sampler) -> constraints -> the database
+answers configs it already measured on this problem, GPU and software -> compile for the
+target in a process pool (statically impossible configs stop here) -> correctness gate and
+timing in a restartable child process -> one measurement row. Failures are statuses;
+Optuna sees them as pruned trials so samplers learn to avoid them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import time
+import warnings
+from collections import Counter
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from ..errors import ConfigError, FaAutotuneError
+from ..kernels.aot import HOPPER, CompileResult
+from ..processes import compiler_init
+from ..spec.config import KernelConfig
+from ..spec.defaults import default_for
+from ..spec.problem import TOLERANCE, Problem, distance
+from ..spec.space import SearchSpace
+from ..spec.target import GpuInfo, SoftwareInfo
+from ..spec.tuned import FrontPoint, Winner
+from ..store import Database
+from ..store.records import Ids, identities, record, reusable
+from ..store.tuned import save_front, save_winner, tuned_problems
+from .compile import compile_for_tuning
+from .worker import DeviceWorker, Job
+
+SAMPLERS = ("tpe", "grid", "random")
+FAILED_VALUE = 1e9  # what a failed trial reports to Optuna before being pruned
+NOISE_FLOOR = 0.01  # configs within 1% (or the measured spread, if larger) are tied
+REPEAT_ALLOWANCE = 4  # at most this many trials per distinct config wanted
+RETIME_ROUNDS = 3  # interleaved re-timing rounds per winner candidate
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    trials: int | None = None  # trials per problem study (re-running continues up to this)
+    time_budget: float | None = None  # seconds for the whole run
+    sampler: str = "tpe"
+    seed: int | None = None
+    jobs: int = max(1, (os.cpu_count() or 2) // 2)
+    study: str | None = None  # study-name prefix
+    retime_top: int = 3
+    trial_timeout: float = 180.0
+    search_rep_ms: float = 50.0
+    retime_rep_ms: float = 300.0
+    warm_start: bool = True
+    # False for baselines (the tutorial list in `bench`): pick and report a winner from this
+    # study's own configs without making it the dispatcher's choice for the problem.
+    record_best: bool = True
+    # FP8 problems: relative error (against float32) a config may have to count at all.
+    max_error: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_error is not None and not 0 < self.max_error < 1:
+            raise FaAutotuneError(f"--max-error must be in (0, 1), got {self.max_error}")
+        if self.sampler not in SAMPLERS:
+            raise FaAutotuneError(f"unknown sampler {self.sampler!r}; choose one of {SAMPLERS}")
+        if self.trials is not None and self.trials < 1:
+            raise FaAutotuneError("--trials must be at least 1")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise FaAutotuneError("--time-budget must be positive")
+
+
+@dataclass
+class ProblemOutcome:
+    problem: Problem
+    study_name: str
+    trials: int = 0  # finished trials in the study
+    new_trials: int = 0
+    reused: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    best: KernelConfig | None = None
+    best_ms: float | None = None
+    best_tflops: float | None = None
+    ties: int = 0
+    seconds: float = 0.0
+    front: list[FrontPoint] = field(default_factory=list)  # FP8: the stored Pareto front, fastest first
+
+
+class Reporter(Protocol):
+    def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None: ...
+    def problem_started(self, index: int, outcome: ProblemOutcome, target: int) -> None: ...
+    def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig, ms: float | None) -> None: ...
+    def problem_finished(self, outcome: ProblemOutcome) -> None: ...
+    def finish(self, outcomes: list[ProblemOutcome]) -> None: ...
+
+
+class SilentReporter:
+    def start(self, problems, trials, interpreter): pass
+    def problem_started(self, index, outcome, target): pass
+    def trial_done(self, outcome, status, config, ms): pass
+    def problem_finished(self, outcome): pass
+    def finish(self, outcomes): pass
+
+
+def make_sampler(name: str, seed: int | None):
+    """TPE (multivariate, grouped for the conditional parameters, constant liar so batches
+    can be asked ahead), or random; "grid" enqueues every valid config and samples randomly
+    only as a fallback."""
+    if name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
+                                              constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def study_name(prefix: str | None, gpu: GpuInfo, space: SearchSpace, problem: Problem) -> str:
+    """Deterministic, so re-running the same command continues the same study."""
+    return f"{prefix or 'fa-autotune'}:{gpu.slug}:{space.hash}:{problem.key}"
+
+
+class Tuner:
+    def __init__(self, db: Database, space: SearchSpace, gpu: GpuInfo, software: SoftwareInfo,
+                 options: TuneOptions, reporter: Reporter | None = None) -> None:
+        self.db, self.gpu, self.software, self.options = db, gpu, software, options
+        self.space = space.for_arch(gpu.arch)
+        self.reporter = reporter or SilentReporter()
+        self.target_capability = gpu.capability_tuple or HOPPER
+
+    # ------------------------------------------------------------------ driver
+    def tune(self, problems: list[Problem]) -> list[ProblemOutcome]:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        deadline = time.monotonic() + self.options.time_budget if self.options.time_budget else None
+        self.reporter.start(problems, self.options.trials or 0, self.gpu.is_interpreter)
+        outcomes: list[ProblemOutcome] = []
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init) as pool, \
+                DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
+            for index, problem in enumerate(problems):
+                share = None
+                if deadline is not None:
+                    share = max(0.0, (deadline - time.monotonic()) / (len(problems) - index))
+                outcomes.append(self._tune_problem(index, problem, pool, worker, share))
+        self.reporter.finish(outcomes)
+        return outcomes
+
+    # ------------------------------------------------------------------ one problem
+    def _tune_problem(self, index: int, problem: Problem, pool: ProcessPoolExecutor, worker: DeviceWorker,
+                      budget: float | None) -> ProblemOutcome:
+        start = time.monotonic()
+        stop_at = start + budget if budget is not None else None
+        name = study_name(self.options.study, self.gpu, self.space, problem)
+        ids = identities(self.db, problem, self.gpu, self.software)
+        # FP8: time and error, both minimized (Optuna multi-objective); otherwise time.
+        objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
+        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
+                                    load_if_exists=True, **objectives)
+        _fail_stale_trials(study)
+        if study.trials and self.options.seed is not None:
+            # A resumed study must not replay the draws of the run it continues.
+            study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
+        outcome = ProblemOutcome(problem, name)
+        grid = self.space.grid(problem)
+        if not grid:
+            raise FaAutotuneError(f"the search space allows no config for {problem.key}")
+        target = self._target_trials(len(grid))
+        if not study.trials:
+            study.set_user_attr("problem", problem.key)
+            study.set_user_attr("gpu", self.gpu.name)
+            self._enqueue_start(study, problem, grid, ids)
+        outcome.trials = _distinct(study)
+        self.reporter.problem_started(index, outcome, target)
+        # Double-buffered: the next batch compiles in the pool while this one runs on the device.
+        # Progress counts distinct configs; repeated proposals are answered from the database
+        # and only bounded (REPEAT_ALLOWANCE) so that a small space still ends.
+        current: list[_Pending] = []
+        while True:
+            room = target - _distinct(study) - len(current)
+            in_time = stop_at is None or time.monotonic() < stop_at
+            upcoming = []
+            if room > 0 and in_time and _finished(study) < target * REPEAT_ALLOWANCE:
+                upcoming = self._prepare(study, problem, ids, pool, min(self.options.jobs, room), outcome,
+                                         in_flight={p.config for p in current})
+            if not current and not upcoming:
+                break
+            self._complete(study, problem, ids, pool, worker, current, outcome)
+            current = upcoming
+        outcome.trials = _distinct(study)
+        known = _study_winner(study) if outcome.new_trials == 0 else None
+        if problem.is_fp8:  # no re-timing: rebuilt every run, so a new --max-error takes effect
+            self._pick_front(study, problem, ids, outcome)
+        elif known is not None:  # nothing new since the winner was picked: keep it
+            outcome.best, outcome.best_ms, outcome.ties = known
+            outcome.best_tflops = problem.tflops(outcome.best_ms)
+        else:
+            self._pick_winner(study, problem, ids, worker, outcome)
+        outcome.seconds = time.monotonic() - start
+        self.reporter.problem_finished(outcome)
+        return outcome
+
+    def _target_trials(self, grid_size: int) -> int:
+        if self.options.sampler == "grid":
+            return min(grid_size, self.options.trials or grid_size)
+        wanted = self.options.trials or (8 if self.gpu.is_interpreter else 40)
+        return min(wanted, grid_size)
+
+    def _sampler(self):
+        return make_sampler(self.options.sampler, self.options.seed)
+
+    def _enqueue_start(self, study, problem: Problem, grid: list[KernelConfig], ids: Ids) -> None:
+        """Grid: every valid config once. Otherwise warm start: the built-in default and the
+        winners of the nearest tuned problems on this GPU, where the space allows them."""
+        if self.options.sampler == "grid":
+            for config in grid:
+                study.enqueue_trial(self._params(config))
+            return
+        if not self.options.warm_start:
+            return
+        allowed = set(grid)
+        tuned = tuned_problems(self.db, self.gpu)
+        # The default, this problem's earlier winners (a re-tune must measure the incumbent),
+        # then the winners of the nearest tuned problems.
+        starts = [default_for(problem, self.gpu)] + [c for p, c in tuned if p == problem]
+        neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
+                            key=lambda item: (item[0], item[1].canonical_json()))
+        starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
+        seen = set()
+        for config in starts:
+            if config in allowed and config not in seen:
+                seen.add(config)
+                study.enqueue_trial(self._params(config))
+
+    def _params(self, config: KernelConfig) -> dict[str, Any]:
+        return {p.name: getattr(config, p.name) for p in self.space.parameters}
+
+    # ------------------------------------------------------------------ trials
+    def _prepare(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, size: int,
+                 outcome: ProblemOutcome, in_flight: set[KernelConfig]) -> list["_Pending"]:
+        """Ask ``size`` trials; settle the invalid and already-measured ones at once and
+        start compiling the rest. A repeat of a config in the batch waits for the first."""
+        pending: list[_Pending] = []
+        for _ in range(size):
+            trial = study.ask()
+            config = self._propose(trial, problem, ids, study, outcome)
+            if config is None:
+                continue
+            if config in in_flight or any(config == p.config for p in pending):
+                pending.append(_Pending(trial, config, None, _utcnow()))
+                continue
+            previous = reusable(self.db, ids, config)
+            if previous is not None:
+                self._reuse(study, trial, config, previous, outcome)
+                continue
+            future = pool.submit(compile_for_tuning, config, problem, self.target_capability)
+            pending.append(_Pending(trial, config, future, _utcnow()))
+        return pending
+
+    def _complete(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, worker: DeviceWorker,
+                  pending: list["_Pending"], outcome: ProblemOutcome) -> None:
+        for item in pending:
+            if item.future is None:  # a repeat: answered by its first copy unless that one failed to finish
+                previous = reusable(self.db, ids, item.config)
+                if previous is not None:
+                    self._reuse(study, item.trial, item.config, previous, outcome)
+                    continue
+                item = _Pending(item.trial, item.config,
+                                pool.submit(compile_for_tuning, item.config, problem, self.target_capability),
+                                _utcnow())
+            self._measure(study, item.trial, ids, problem, item.config, _compile_result(item.future, item.config),
+                          worker, item.started, outcome)
+
+    def _measure(self, study, trial, ids: Ids, problem: Problem, config: KernelConfig, compiled: CompileResult,
+                 worker: DeviceWorker, started: dt.datetime, outcome: ProblemOutcome) -> None:
+        if compiled.status != "ok":
+            self._finish(study, trial, ids, config, compiled.status, outcome, started,
+                         message=compiled.error, compile_seconds=compiled.seconds)
+            return
+        result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
+        self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
+                     compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
+
+    def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> KernelConfig | None:
+        """The trial's config, or None after recording it as ``invalid_config``."""
+        params = self.space.suggest(lambda name, choices: trial.suggest_categorical(name, list(choices)), problem)
+        trial.set_user_attr("config", json.dumps(params, sort_keys=True))
+        try:
+            config = KernelConfig.from_mapping(params)
+        except ConfigError as exc:  # not even a config: nothing to store but the trial
+            self._finish(study, trial, ids, None, "invalid_config", outcome, _utcnow(), message=str(exc))
+            return None
+        broken = self.space.violated(params, problem)
+        if broken is not None:
+            self._finish(study, trial, ids, config, "invalid_config", outcome, _utcnow(),
+                         message=f"constraint {broken.text!r} ({broken.where})")
+            return None
+        return config
+
+    def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
+        outcome.reused += 1
+        if previous is not None and previous.status == "ok":
+            trial.set_user_attr("status", "ok")
+            trial.set_user_attr("reused", True)
+            study.tell(trial, _objectives(study, previous.median_ms, previous.rel_error))
+            outcome.statuses["ok"] += 1
+            self._note_best(outcome, config, previous.median_ms)
+        else:
+            status = previous.status
+            trial.set_user_attr("status", status)
+            trial.set_user_attr("reused", True)
+            _tell_failed(study, trial)
+            outcome.statuses[status] += 1
+        self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
+
+    def _finish(self, study, trial, ids: Ids, config: KernelConfig | None, status: str, outcome: ProblemOutcome,
+                started: dt.datetime, **fields) -> None:
+        """Record the measurement, then tell Optuna; the row is written first so a kill
+        between the two loses nothing that was measured."""
+        trial.set_user_attr("status", status)
+        if config is not None:
+            record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), study_name=study.study_name,
+                   trial_number=trial.number, **fields)
+        else:
+            trial.set_user_attr("message", fields.get("message", "")[:500])
+        outcome.new_trials += 1
+        outcome.statuses[status] += 1
+        if status == "ok":
+            study.tell(trial, _objectives(study, fields["median_ms"], fields.get("rel_error")))
+            self._note_best(outcome, config, fields["median_ms"])
+        else:
+            _tell_failed(study, trial)
+        self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
+
+    def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:
+        if outcome.best_ms is None or ms < outcome.best_ms:
+            outcome.best, outcome.best_ms, outcome.best_tflops = config, ms, outcome.problem.tflops(ms)
+
+    # ------------------------------------------------------------------ FP8 front
+    def _pick_front(self, study, problem: Problem, ids: Ids, outcome: ProblemOutcome) -> None:
+        """FP8: store the study's time/error Pareto front (errors within --max-error); its
+        fastest member within the format's tolerance (else its most accurate) becomes the
+        problem's winner, which the dispatcher uses when the caller names no error budget."""
+        front = pareto_front(_study_points(study, self.options.max_error))
+        if not front:
+            return
+        within = [point for point in front if point[2] <= TOLERANCE[problem.dtype]]
+        winner, ms, err = within[0] if within else front[-1]
+        points = [FrontPoint(problem, c, t, problem.tflops(t), e, self.gpu, self.software, self.options.max_error,
+                             outcome.study_name) for c, t, e in front]
+        if self.options.record_best:
+            save_front(self.db, ids, points, self.options.max_error)
+            save_winner(self.db, ids, Winner(problem, winner, ms, problem.tflops(ms), err, self.gpu, self.software,
+                                             study_name=outcome.study_name))
+        study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": ms, "ties": 1})
+        outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = winner, ms, problem.tflops(ms), 1
+        outcome.front = points
+
+    # ------------------------------------------------------------------ winner
+    def _pick_winner(self, study, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
+        """Re-time this study's top few (and the built-in default and the problem's earlier
+        winners, which a new winner must beat) in interleaved rounds, so that clock drift
+        hits every candidate alike; configs within noise of the fastest are tied and the tie
+        goes to the first in canonical-JSON order."""
+        measured = _study_ranking(study)
+        candidates = [config for config, _ in measured[: self.options.retime_top]]
+        incumbents = [default_for(problem, self.gpu)] + [c for p, c in tuned_problems(self.db, self.gpu)
+                                                         if p == problem]
+        for config in incumbents:
+            if config not in candidates and any(c == config for c, _ in measured):
+                candidates.append(config)
+        if not candidates:
+            return
+        rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
+        rep = self.options.retime_rep_ms / RETIME_ROUNDS
+        for round_index in range(RETIME_ROUNDS):
+            for config in candidates:
+                if round_index and not rounds[config]:
+                    continue  # failed its first round: out
+                result = worker.run(Job(config, problem, rep_ms=rep, check=round_index == 0),
+                                    self.options.trial_timeout)
+                if result["status"] == "ok":
+                    rounds[config].append(result)
+                elif round_index == 0:
+                    record(self.db, ids, config, result.pop("status"), phase="retime", study_name=outcome.study_name,
+                           **_measurement_fields(result, problem))
+        timed = []
+        for config, results in rounds.items():
+            if len(results) == RETIME_ROUNDS:
+                fields = _combine_rounds(results, problem)
+                record(self.db, ids, config, "ok", phase="retime", study_name=outcome.study_name, **fields)
+                timed.append((config, fields))
+        if not timed:
+            return
+        fastest = min(fields["median_ms"] for _, fields in timed)
+        spread = max((f["p80_ms"] - f["p20_ms"]) / f["median_ms"] for _, f in timed)
+        tolerance = max(NOISE_FLOOR, spread)
+        tied = sorted((item for item in timed if item[1]["median_ms"] <= fastest * (1 + tolerance)),
+                      key=lambda item: item[0].canonical_json())
+        winner, fields = tied[0]
+        if self.options.record_best:
+            save_winner(self.db, ids, Winner(problem, winner, fields["median_ms"], fields["tflops"],
+                                             fields.get("rel_error"), self.gpu, self.software, len(tied),
+                                             study_name=outcome.study_name))
+        study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": fields["median_ms"],
+                                       "ties": len(tied)})
+        outcome.best, outcome.best_ms, outcome.best_tflops = winner, fields["median_ms"], fields["tflops"]
+        outcome.ties = len(tied)
+
+
+def pareto_front(points: list[tuple[KernelConfig, float, float]]) -> list[tuple[KernelConfig, float, float]]:
+    """The (config, ms, error) points no other point beats on both time and error, fastest
+    first (equal points keep the first in canonical-JSON order)."""
+    front: list[tuple[KernelConfig, float, float]] = []
+    for config, ms, err in sorted(points, key=lambda p: (p[1], p[2], p[0].canonical_json())):
+        if not front or err < front[-1][2]:
+            front.append((config, ms, err))
+    return front
+
+
+def _study_points(study, max_error: float | None) -> list[tuple[KernelConfig, float, float]]:
+    """(config, fastest ms, its error) of a multi-objective study's passing configs."""
+    points: dict[KernelConfig, tuple[float, float]] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        ms, err = trial.values
+        if config is None or not (math.isfinite(ms) and math.isfinite(err)):
+            continue
+        if (max_error is None or err <= max_error) and (config not in points or ms < points[config][0]):
+            points[config] = (ms, err)
+    return [(config, ms, err) for config, (ms, err) in points.items()]
+
+
+def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
+    """(config, fastest search-phase ms) of the configs this study measured (or answered
+    from the database), fastest first. Only the study's own configs: a baseline study
+    must not crown a faster config that another study measured on the same problem."""
+    best: dict[KernelConfig, float] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        ms = trial.values[0] if trial.values else None
+        if config is not None and ms is not None and math.isfinite(ms):
+            best[config] = min(ms, best.get(config, math.inf))
+    return sorted(best.items(), key=lambda item: (item[1], item[0].canonical_json()))
+
+
+def _study_winner(study) -> tuple[KernelConfig, float, int] | None:
+    """The winner this study picked last time, if its config is still valid."""
+    winner = study.user_attrs.get("winner")
+    config = KernelConfig.from_stored(winner["config"]) if isinstance(winner, dict) else None
+    return (config, winner["median_ms"], winner["ties"]) if config is not None else None
+
+
+def _combine_rounds(results: list[dict], problem: Problem) -> dict:
+    """One row for a re-timed config: the median of its round medians, the extreme rounds
+    as its spread, the correctness figures of its checked first round."""
+    medians = sorted(r["median_ms"] for r in results)
+    median = statistics.median(medians)
+    return {"median_ms": median, "p20_ms": medians[0], "p80_ms": medians[-1], "tflops": problem.tflops(median),
+            "max_abs_error": results[0].get("max_abs_error"), "rel_error": results[0].get("rel_error"),
+            "message": f"{len(results)} interleaved rounds"}
+
+
+def _measurement_fields(result: dict, problem: Problem) -> dict:
+    fields = {k: result.get(k) for k in ("median_ms", "p20_ms", "p80_ms", "max_abs_error", "rel_error")}
+    fields["message"] = result.get("message", "")
+    if fields["median_ms"]:
+        fields["tflops"] = problem.tflops(fields["median_ms"])
+    return fields
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A trial whose config is compiling (``future``), or a repeat waiting for its twin."""
+
+    trial: Any
+    config: KernelConfig
+    future: Future | None
+    started: dt.datetime
+
+
+def _compile_result(future: Future, config: KernelConfig) -> CompileResult:
+    try:
+        return future.result()
+    except Exception as exc:  # a worker died compiling: the config's fault until shown otherwise
+        return CompileResult(config, "compile_error", 0.0, (), f"compiler process failed: {exc}")
+
+
+def _finished(study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _distinct(study) -> int:
+    """Distinct configs the study has settled (repeats of one config count once)."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return len({t.user_attrs.get("config", t.number) for t in finished})
+
+
+def _fail_stale_trials(study) -> None:
+    """Trials left RUNNING by a killed tune are lost in flight: close them as failed."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+
+
+def _objectives(study, ms: float, rel_error: float | None) -> float | list[float]:
+    """What Optuna is told for a passing trial: its time, and for FP8 studies its error."""
+    if len(study.directions) == 1:
+        return ms
+    return [ms, rel_error if rel_error is not None else math.inf]
+
+
+def _tell_failed(study, trial) -> None:
+    """A failed trial: pruned after a terrible report (TPE learns to avoid its region);
+    multi-objective studies take no reports, so there it is failed."""
+    if len(study.directions) == 1:
+        trial.report(FAILED_VALUE, 0)
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

@@ -1,0 +1,155 @@
+"""FP8 attention: the real rendered FP8 kernels (Triton's interpreter runs FP8 dots) for
+every scaling mode and format against a float32 reference of the unquantized inputs, the
+outlier case incoherent processing exists for, and the errors a user can hit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_autotune
+from fa_autotune import ConfigError, InputError, attention_fp8, quantize_fp8
+from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
+from helpers import make_qkv
+
+SMALL = dict(BLOCK_M=32, BLOCK_N=32)
+
+
+def _error(out, q, k, v, causal=False, causal_align="top_left"):
+    ref, _ = reference_attention(q, k, v, causal=causal, causal_align=causal_align)
+    report = compare(out.float(), ref)
+    assert report.finite, "output has NaN/Inf"
+    return report.rel
+
+
+@pytest.mark.parametrize("fmt, dtype", [("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")])
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_head", "per_block"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_scaling_mode_matches_float32(device, fmt, dtype, scaling, causal):
+    q, k, v = make_qkv(2, 4, 2, 77, 77, 64, torch.float16, device)
+    inputs = quantize_fp8(q, k, v, scaling=scaling, fmt=fmt, block_q=32, block_k=32)
+    out, lse = attention_fp8(inputs, causal=causal, config=SMALL, out_dtype=torch.float16, return_lse=True)
+    assert out.dtype == torch.float16 and out.shape == q.shape and lse.shape == q.shape[:3]
+    assert _error(out, q, k, v, causal) <= TOLERANCE[dtype]
+    _, ref_lse = reference_attention(q, k, v, causal=causal)
+    assert torch.allclose(lse, ref_lse, atol=2 * TOLERANCE[dtype])  # one score's FP8 error at most
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_per_block_scales_far_apart(device, causal):
+    """V blocks whose magnitudes differ by 10^4: each V tile's descale must reach its PV
+    product, and K's blocks change the score scale, so any slip there is a large error,
+    not a rounding one."""
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float16, device)
+    for i, factor in enumerate((1.0, 100.0, 0.01, 10.0)):
+        v[:, :, 32 * i:32 * (i + 1)] *= factor
+        k[:, :, 32 * i:32 * (i + 1)] *= factor ** 0.25
+    inputs = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    assert inputs.v_scale.amax() / inputs.v_scale.amin() > 1e3
+    out = attention_fp8(inputs, causal=causal, config=dict(BLOCK_M=16, BLOCK_N=32), out_dtype=torch.float16)
+    assert _error(out, q, k, v, causal) <= TOLERANCE["float8_e4m3fn"]
+
+
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_head"])
+@pytest.mark.parametrize("rescale_threshold", [0, 4])
+def test_inplace_pv_product(device, scaling, rescale_threshold):
+    """fp8_pv='inplace' accumulates raw PV products and descales V once in the epilogue:
+    the same result as separate PV products for one V descale per head (heads 1000x apart
+    here, so a wrong head's descale shows), refused for per-block V descales, and a
+    dispatched config falls back to 'separate' for them."""
+    from fa_autotune.runtime.api import _fp8_usable
+    from fa_autotune.spec.problem import Problem
+
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 32, torch.float16, device)
+    v[:, 1] *= 1000.0
+    config = dict(BLOCK_M=16, BLOCK_N=32, fp8_pv="inplace", rescale_threshold=rescale_threshold)
+    x = quantize_fp8(q, k, v, scaling=scaling)
+    for causal in (False, True):
+        inplace = attention_fp8(x, causal=causal, config=config, out_dtype=torch.float16)
+        separate = attention_fp8(x, causal=causal, config=dict(config, fp8_pv="separate"), out_dtype=torch.float16)
+        report = compare(inplace.float(), separate.float())
+        assert report.finite and report.rel < 5e-3
+    blocks = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    with pytest.raises(ConfigError, match="fp8_pv"):
+        attention_fp8(blocks, config=config)
+    problem = Problem(1, 2, 2, 100, 100, 32, "float8_e4m3fn")
+    assert _fp8_usable(fa_autotune.KernelConfig(**config), problem, blocks, explicit=False).fp8_pv == "separate"
+
+
+def test_convenience_path_quantizes_like_quantize_fp8(device):
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
+    direct = attention_fp8(q, k, v, config=SMALL, scaling="per_head", hadamard=True, fmt="e4m3")
+    via = attention_fp8(quantize_fp8(q, k, v, scaling="per_head", hadamard=True, fmt="e4m3"), config=SMALL,
+                        out_dtype=torch.float16)
+    assert direct.dtype == torch.float16 and torch.equal(direct, via)
+
+
+def test_bottom_right_gqa_and_default_config(device):
+    q, k, v = make_qkv(1, 4, 1, 20, 70, 48, torch.float16, device)
+    out = attention_fp8(q, k, v, causal=True, causal_align="bottom_right", config=dict(SMALL, BLOCK_M=16), block_q=16)
+    assert _error(out, q, k, v, True, "bottom_right") <= TOLERANCE["float8_e4m3fn"]
+    q, k, v = make_qkv(1, 2, 2, 130, 130, 64, torch.float16, device)
+    assert _error(attention_fp8(q, k, v), q, k, v) <= TOLERANCE["float8_e4m3fn"]
+
+
+def test_dispatched_config_adapts_to_small_scaling_blocks(device):
+    """The default FP8 tiles (128 rows) shrink into 64-row scaling blocks instead of failing."""
+    q, k, v = make_qkv(1, 2, 2, 256, 256, 64, torch.float16, device)
+    x = quantize_fp8(q, k, v, scaling="per_block", block_q=64, block_k=64)
+    assert _error(attention_fp8(x, out_dtype=torch.float16), q, k, v) <= TOLERANCE["float8_e4m3fn"]
+    out = attention_fp8(q, k, v, scaling="per_block", block_q=64, block_k=64)
+    assert _error(out, q, k, v) <= TOLERANCE["float8_e4m3fn"]
+
+
+def _with_outlier_channels(q, k, channels=(3, 17, 40, 61), factor=20.0):
+    """A few channels of Q and K scaled x20, like the outlier features of LLM activations."""
+    q, k = q.clone(), k.clone()
+    q[..., list(channels)] *= factor
+    k[..., list(channels)] *= factor
+    return q, k
+
+
+def test_block_scaling_with_hadamard_halves_the_outlier_error(device):
+    """FlashAttention-3's claim, on our kernels: per-block scaling with incoherent
+    processing has at most half the error of plain per-tensor scaling on outlier inputs."""
+    torch.manual_seed(0)
+    q, k, v = make_qkv(1, 4, 4, 128, 128, 64, torch.float32, device)
+    q, k = _with_outlier_channels(q * 0.25, k * 0.25)
+    plain = _error(attention_fp8(q, k, v, config=SMALL, scaling="per_tensor", hadamard=False), q, k, v)
+    incoherent = _error(attention_fp8(q, k, v, config=SMALL, scaling="per_block", hadamard=True, block_q=32,
+                                      block_k=32), q, k, v)
+    assert incoherent <= 0.5 * plain, f"per-block + Hadamard {incoherent:.4f} vs per-tensor {plain:.4f}"
+
+
+def test_plain_attention_refuses_fp8_tensors(device):
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 32, torch.float16, device)
+    inputs = quantize_fp8(q, k, v)
+    with pytest.raises(InputError, match="attention_fp8"):
+        fa_autotune.attention(inputs.q, inputs.k, inputs.v)
+
+
+@pytest.mark.parametrize("config, parameter", [
+    ({"loop_order": "kv_outer", "BLOCK_M": 32, "BLOCK_N": 32}, "loop_order"),
+    ({"q_tiles": 2, "BLOCK_M": 16, "BLOCK_N": 32}, "q_tiles"),
+    ({"BLOCK_M": 64, "BLOCK_N": 32}, "BLOCK_M"),  # straddles the 32-row Q scaling blocks
+    ({"BLOCK_M": 32, "BLOCK_N": 64}, "BLOCK_N"),
+    ({"BLOCK_M": 32, "BLOCK_N": 32, "rescale_threshold": 9}, "rescale_threshold"),  # P up to 512 > e4m3's 448
+])
+def test_unusable_configs_name_the_parameter(device, config, parameter):
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
+    inputs = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    with pytest.raises(ConfigError) as info:
+        attention_fp8(inputs, config=config)
+    assert info.value.parameter == parameter
+
+
+def test_bad_scales_and_output_dtype_are_clear_errors(device):
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
+    inputs = quantize_fp8(q, k, v, scaling="per_block", block_q=32, block_k=32)
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match="k_scale must be a float32 tensor of shape"):
+        attention_fp8(replace(inputs, k_scale=inputs.k_scale[:, :, :1]), config=SMALL)
+    with pytest.raises(InputError, match="out_dtype"):
+        attention_fp8(inputs, config=SMALL, out_dtype=torch.float32)
+    with pytest.raises(InputError, match="not both"):
+        attention_fp8(inputs, k, v)

@@ -1,0 +1,130 @@
+"""Ahead-of-time: rendered variants compile for Hopper (sm_90) with no GPU present, use
+wgmma, and fit in shared memory; impossible ones are reported as statuses."""
+from __future__ import annotations
+
+import pytest
+
+from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+
+CAUSAL = Problem(1, 16, 16, 4096, 4096, 128, "float16", causal=True)
+FULL = Problem(1, 16, 4, 4096, 4096, 128, "bfloat16", causal=False)
+PADDED = Problem(2, 8, 8, 1000, 1000, 80, "float16", causal=True)
+FP8_E4M3 = Problem(1, 16, 4, 4096, 4096, 128, "float8_e4m3fn", causal=True)
+FP8_E5M2 = Problem(1, 16, 16, 4096, 4096, 128, "float8_e5m2", causal=False)
+FP8_FULL = Problem(4, 16, 16, 4096, 4096, 128, "float8_e4m3fn", causal=False)
+WS = dict(access="tensor_desc", warp_specialize=True, num_stages=2)
+
+SAMPLE = [
+    (CAUSAL, KernelConfig(access="pointer", causal_mode="split")),
+    (CAUSAL, KernelConfig(access="block_ptr", causal_mode="masked")),
+    (FULL, KernelConfig(access="tensor_desc", warp_specialize=True, num_stages=2, BLOCK_N=64)),
+    (FULL, KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True, BLOCK_N=128, num_stages=2)),
+    (FULL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="tensor_desc", num_splits=4)),
+    (CAUSAL, KernelConfig(loop_order="split_kv", BLOCK_M=64, access="pointer", causal_mode="masked", num_splits=2)),
+    (CAUSAL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="block_ptr", num_stages=2)),
+    (FULL, KernelConfig(loop_order="kv_outer", q_tiles=2, access="tensor_desc", causal_mode="masked", num_stages=2)),
+    (PADDED, KernelConfig(access="tensor_desc", BLOCK_M=64, num_warps=4, num_stages=2)),
+    (FP8_E4M3, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=8, num_stages=2)),
+    (FP8_E5M2, KernelConfig(access="pointer", BLOCK_N=64, num_warps=4, num_stages=3)),
+    (FP8_E5M2, KernelConfig(access="tensor_desc", BLOCK_N=128, num_warps=4, num_stages=2, rescale_threshold=8)),
+    # persistent grids under warp specialization, and the FP8 defaults
+    (FULL, KernelConfig(**WS, BLOCK_N=128, persistent=2, tile_order="head")),
+    (FP8_FULL, KernelConfig(**WS, BLOCK_N=256, persistent=1)),
+    (FP8_FULL, KernelConfig(**WS, BLOCK_N=256, persistent=1, fp8_pv="inplace")),
+    (FP8_E4M3, KernelConfig(access="pointer", BLOCK_M=64, BLOCK_N=128, num_stages=3, fp8_pv="inplace")),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    by_problem: dict[Problem, list[KernelConfig]] = {}
+    for problem, config in SAMPLE:
+        by_problem.setdefault(problem, []).append(config)
+    out = {}
+    for problem, configs in by_problem.items():
+        for config, result in zip(configs, compile_many(configs, problem, jobs=2)):
+            out[(problem, config)] = result
+    return out
+
+
+@pytest.mark.parametrize("problem, config", SAMPLE, ids=[f"{c.name}-{p.key}" for p, c in SAMPLE])
+def test_variant_compiles_for_hopper(results, problem, config):
+    result = results[(problem, config)]
+    assert result.status == "ok", result.error
+    assert result.uses_wgmma, "expected Hopper wgmma instructions in the PTX"
+    assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    expected = 2 if config.loop_order == "split_kv" else 1
+    assert len(result.kernels) == expected
+
+
+def test_impossible_variants_become_statuses():
+    too_big = KernelConfig(BLOCK_M=256, BLOCK_N=128, num_stages=4, access="tensor_desc")
+    ws_two_loops = KernelConfig(access="tensor_desc", causal_mode="split", warp_specialize=True, num_stages=2)
+    big, ws = compile_many([too_big, ws_two_loops], CAUSAL, jobs=2)
+    assert big.status == "out_of_resources" and big.shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
+    assert ws.status == "compile_error" and ws.error
+
+
+@pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2"),
+                                               (FP8_FULL, "e4m3.e4m3")])
+def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
+    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16."""
+    for (p, config), result in results.items():
+        if p == problem:
+            (kernel,) = result.kernels
+            assert kernel.kernel == config.name and kernel.mma, kernel
+            assert all(kind.endswith(operands) for kind in kernel.mma), kernel.mma
+
+
+QUANTIZE_AOT = '''
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fa_autotune.fp8 import kernels as qk
+
+ints = lambda *names: {n: "i32" for n in names}
+consts = lambda *names: {n: "constexpr" for n in names}
+out = {}
+for dtype in ("fp16", "bf16"):
+    for rotate in (False, True):
+        sig = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "amax_ptr": "*fp32",
+               **ints("stride_b", "stride_h", "stride_n", "stride_d", "heads", "N", "n_chunks"), "inv_sqrt_n": "fp32",
+               **consts("D", "DP", "ROWS", "ROTATE", "INTERPRET")}
+        k = triton.compile(ASTSource(qk._chunk_amax, sig, dict(D=80, DP=128, ROWS=64, ROTATE=rotate, INTERPRET=False)),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        out[f"amax {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+        for block, group in ((0, 1), (64, 1), (256, 4)):
+            sig = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "scale_ptr": "*fp32", "amax_ptr": "*fp32",
+                   "out_ptr": "*fp8e4nv", **ints("stride_b", "stride_h", "stride_n", "stride_d", "o_stride_b",
+                   "o_stride_h", "o_stride_n", "o_stride_d", "s_stride_b", "s_stride_h", "s_stride_n", "heads", "N",
+                   "n_chunks"), "inv_sqrt_n": "fp32", "fmax": "fp32",
+                   **consts("BLOCK", "GROUP", "D", "DP", "ROWS", "ROTATE", "PER_BLOCK", "INTERPRET", "MBITS", "EMIN")}
+            c = dict(BLOCK=block or 128, GROUP=group, D=80, DP=128, ROWS=64, ROTATE=rotate, PER_BLOCK=block > 0,
+                     INTERPRET=False, MBITS=3, EMIN=-6)
+            k = triton.compile(ASTSource(qk._scale_cast, sig, c), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4})
+            out[f"cast {dtype} {rotate} {block}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+print(json.dumps(out))
+'''
+
+
+def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
+    """The FP8 quantization passes compile for sm_90 (fp16 and bf16, rotated or not, every
+    descale mode); the Hadamard rotation runs on the tensor cores (wgmma)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", QUANTIZE_AOT], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(report) == 16
+    for name, (wgmma, shared) in report.items():
+        rotated = name.split()[2] == "True"
+        assert wgmma == rotated, name
+        assert shared <= SHARED_MEMORY_LIMIT[(9, 0)], name

@@ -1,0 +1,82 @@
+"""The one host launcher: the arguments it hands each kernel, the rendered interface it
+relies on, and the Triton versions its direct launch path is allowed on."""
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from fa_autotune.errors import ConfigError, TemplateError
+from fa_autotune.kernels import launcher
+from fa_autotune.kernels.render import load_module
+from fa_autotune.spec.config import KernelConfig
+
+
+def _tensors(nq=40, nk=40, d=32, dtype=torch.float16):
+    q = torch.randn(2, 4, nq, d, dtype=dtype)
+    k, v = torch.randn(2, 2, nk, d, dtype=dtype), torch.randn(2, 2, nk, d, dtype=dtype)
+    return q, k, v, torch.empty_like(q)
+
+
+@pytest.mark.parametrize("config, tensors", [
+    (KernelConfig(BLOCK_M=16, BLOCK_N=16), 8),  # Q, K, V, Out, Lse + three (None) descales
+    (KernelConfig(BLOCK_M=16, BLOCK_N=16, q_tiles=2), 5),
+    (KernelConfig(loop_order="kv_outer", BLOCK_M=16, BLOCK_N=16, q_tiles=2), 8),  # + three fp32 scratch buffers
+], ids=["q_outer", "q_outer-two-tiles", "kv_outer"])
+def test_each_kernel_gets_exactly_the_parameters_it_declares(kernel_cache, config, tensors):
+    q, k, v, out = _tensors()
+    plan = launcher.prepare(config, q, k, v, out, None, 0.125, 0, True)
+    ((launch, args),) = plan.arguments(q, k, v, out, None)
+    runtime = [n for n in launch.kernel.arg_names if n not in launcher.FLAGS]
+    assert len(args) == len(runtime) and args[:3] == (q, k, v)
+    named = dict(zip(runtime, args))
+    assert named["N_Q"] == 40 and named["GROUP"] == 2 and named["stride_qn"] == 32
+    assert named["qk_scale"] == pytest.approx(0.125 * launcher.LOG2E)
+    assert named["Lse"] is None and set(launch.flags) <= set(launch.kernel.arg_names)
+    assert launch.flags["WRITE_LSE"] is False and launch.flags["IS_CAUSAL"] is True
+    if "FP8" in launch.flags:  # an FP8-capable kernel called without descales: they are None
+        assert launch.flags["FP8"] is False and named["QScale"] is None and named["Q_SCALE_BLOCK"] is None
+    assert sum(isinstance(a, torch.Tensor) for a in args) == tensors - args[:tensors].count(None)
+
+
+def test_split_kv_runs_a_main_and_a_combine_kernel(kernel_cache):
+    q, k, v, out = _tensors(nq=1, nk=300)
+    lse = torch.empty(2, 4, 1)
+    plan = launcher.prepare(KernelConfig(loop_order="split_kv", BLOCK_M=16, BLOCK_N=16, num_splits=4), q, k, v, out,
+                            lse, 0.1, 0, False)
+    (main, main_args), (combine, combine_args) = plan.arguments(q, k, v, out, lse)
+    assert main.grid == (2 * 4, 4) and combine.grid == (2 * 4,)
+    assert main_args[3] is combine_args[0] and combine_args[2:4] == (out, lse)  # partials flow main -> combine
+    assert "WRITE_LSE" not in main.flags and combine.flags["WRITE_LSE"] is True  # only where it is used
+
+
+def test_fp8_scales_need_an_fp8_capable_kernel(kernel_cache):
+    q, k, v, out = _tensors()
+    scales = (torch.ones(2, 4, 1), torch.ones(2, 2, 1), torch.ones(2, 2, 1), 128, 128)
+    with pytest.raises(ConfigError, match="q_tiles"):
+        launcher.prepare(KernelConfig(BLOCK_M=16, BLOCK_N=16, q_tiles=2), q, k, v, out, None, 0.1, 0, False, scales)
+    with pytest.raises(ConfigError, match="q_outer"):
+        launcher.prepare(KernelConfig(loop_order="kv_outer", BLOCK_M=16, BLOCK_N=16), q, k, v, out, None, 0.1, 0,
+                         False, scales)
+
+
+def test_a_kernel_that_breaks_the_interface_is_refused(kernel_cache):
+    kernel = load_module(KernelConfig(BLOCK_M=16, BLOCK_N=16)).KERNELS["main"]
+    with pytest.raises(TemplateError, match="takes"):
+        launcher.Launch(kernel, (1,), ("Q", "K", "Out"), {}, {}, {})
+    with pytest.raises(TemplateError, match="does not know"):
+        launcher.Launch(kernel, (1,), ("Q", "K", "V", "Out", "Lse", "QScale", "KScale", "VScale"), {}, {}, {})
+
+
+def test_direct_launch_only_on_the_tested_triton_range():
+    """The direct path uses Triton's private launcher; pyproject admits only Triton versions it
+    was tested on, and the installed one is among them."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (spec,) = [d for d in pyproject["project"]["dependencies"] if d.startswith("triton")]
+    lower, upper = re.fullmatch(r"triton>=(\d+\.\d+),<(\d+\.\d+)", spec.split(";")[0].strip()).groups()
+    assert [f"{lower}."] == list(launcher.DIRECT_LAUNCH_TRITON) and float(upper) - float(lower) == pytest.approx(0.1)
+    assert triton.__version__.startswith(launcher.DIRECT_LAUNCH_TRITON) == launcher._DIRECT

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fa_autotune import paths
+from fa_autotune.kernels import render
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.errors import TemplateError
+
+SAMPLE = [
+    KernelConfig(),
+    KernelConfig(loop_order="kv_outer", q_tiles=4, access="block_ptr", causal_mode="masked"),
+    KernelConfig(loop_order="split_kv", num_splits=8, access="tensor_desc"),
+    KernelConfig(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2),
+]
+
+
+@pytest.mark.parametrize("config", SAMPLE, ids=lambda c: c.name)
+def test_render_is_deterministic_valid_python(config):
+    first, second = render.render(config), render.render(config)
+    assert first.source == second.source and first.sha256 == second.sha256
+    tree = ast.parse(first.source)
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert config.name in defined
+    assert "{{" not in first.source and "{%" not in first.source
+    assert first.source.startswith(f'"""{config.name}:')
+
+
+@pytest.mark.parametrize("config", SAMPLE, ids=lambda c: c.name)
+def test_rendered_modules_hold_kernels_and_constants_only(config):
+    """Host code lives once in kernels/launcher.py: a rendered module imports Triton alone,
+    defines only @triton.jit functions, and ends with its KernelModule interface."""
+    tree = ast.parse(render.render(config).source)
+    imports = {alias.name for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+               for alias in node.names}
+    assert imports == {"triton", "triton.language"}
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert functions and all(any(ast.unparse(d) == "triton.jit" for d in f.decorator_list) for f in functions)
+    assert not [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
+    assert {"CONFIG", "KERNELS"} <= assigned
+
+
+def test_render_is_identical_in_another_process():
+    code = "from fa_autotune.kernels.render import render; from fa_autotune import KernelConfig; print(render(KernelConfig()).sha256)"
+    env = dict(os.environ, PYTHONHASHSEED="123")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.strip() == render.render(KernelConfig()).sha256
+
+
+def test_different_configs_render_differently():
+    hashes = {render.render(c).sha256 for c in SAMPLE}
+    assert len(hashes) == len(SAMPLE)
+
+
+def test_write_if_different(kernel_cache):
+    rendered = render.render(KernelConfig())
+    path = render.write_module(rendered)
+    assert path.parent == kernel_cache and path.read_text() == rendered.source
+    os.utime(path, (1, 1))
+    assert render.write_module(rendered) == path
+    assert path.stat().st_mtime == 1  # identical bytes: untouched
+    path.write_text("corrupted")
+    render.write_module(rendered)
+    assert path.read_text() == rendered.source  # different bytes: replaced
+    assert not list(kernel_cache.glob(".tmp-*"))
+
+
+def test_load_module_imports_from_cache(kernel_cache):
+    config = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_stages=1)
+    module = render.load_module(config)
+    assert module.CONFIG == config.to_dict()
+    assert module.KERNELS["main"].__name__ == config.name
+    assert render.load_module(config) is module
+
+
+def test_refuses_unvalidated_values():
+    with pytest.raises(TemplateError):
+        render._py_literal({"x": 1.5})
+    with pytest.raises(TypeError):
+        render.render({"BLOCK_M": 64})
+
+
+def test_template_hash_is_stable():
+    assert paths.template_hash() == paths.template_hash()
+    assert len(paths.template_hash()) == 16
+
+
+def test_tidy_normalises_blank_lines():
+    messy = 'import a\n\nX = 1\n@dec\n\ndef f():\n\n    """Doc.\n\n    More."""\n\n    return 1\nY = 2\n'
+    assert render.tidy(messy) == (
+        'import a\n\nX = 1\n\n\n@dec\ndef f():\n    """Doc.\n\n    More."""\n    return 1\n\n\nY = 2\n'
+    )

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+
+import pytest
+
+from fa_autotune.errors import SearchSpaceError
+from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.space import Expression, PARAMETER_NAMES, PROBLEM_NAMES, load_space, parse_space
+
+NAMES = PARAMETER_NAMES + PROBLEM_NAMES
+
+
+def test_default_space_presets():
+    space = load_space()
+    prefill = space.presets["llm-prefill"].problems
+    assert len(prefill) == 24
+    assert {p.head_dim for p in prefill} == {64, 128} and {p.seqlen_q for p in prefill} == {1024, 4096, 16384}
+    assert all(p.batch * p.seqlen_q == 16384 and p.heads_q * p.head_dim == 2048 for p in prefill)
+    assert {p.dtype for p in prefill} == {"float16", "bfloat16"} and {p.causal for p in prefill} == {True, False}
+    assert len(space.presets["smoke"].problems) == 2
+
+
+def test_arch_overrides_and_grid():
+    space = load_space()
+    problem = Problem(4, 16, 16, 4096, 4096, 128, "float16", causal=False)
+    hopper = space.for_arch("sm90").grid(problem)
+    assert hopper and all(c.loop_order == "q_outer" for c in hopper)  # kv_outer/split_kv excluded at N=4096
+    assert any(c.warp_specialize for c in hopper) and any(c.access == "tensor_desc" for c in hopper)
+    assert all(c.num_stages == 2 for c in hopper if c.warp_specialize)
+    # a persistent grid only under warp specialization; the FP8 knobs stay at their defaults
+    assert any(c.persistent for c in hopper) and all(c.warp_specialize for c in hopper if c.persistent)
+    assert {(c.fp8_pv, c.tile_order) for c in hopper} == {("separate", "seq")}
+    fp8 = space.for_arch("sm90").grid(problem.with_dtype("float8_e4m3fn"))
+    assert {c.fp8_pv for c in fp8} == {"separate", "inplace"} and {c.tile_order for c in fp8} == {"seq", "head"}
+    assert all(c.loop_order == "q_outer" and c.BLOCK_N >= 32 for c in fp8)
+    assert not any(c.fp8_pv == "inplace" and c.fp8_scaling == "per_block" for c in fp8)
+    ampere = space.for_arch("sm80").grid(problem)
+    assert ampere and not any(c.access == "tensor_desc" or c.warp_specialize for c in ampere)
+    decode = Problem(1, 32, 8, 1, 8192, 128, "float16")
+    assert any(c.loop_order == "split_kv" and c.num_splits > 1 for c in space.for_arch("sm90").grid(decode))
+
+
+def test_conditional_parameters_take_their_fallback():
+    space = load_space().for_arch("sm90")
+    problem = Problem(1, 8, 8, 512, 512, 64, "float16", causal=False)
+    picks = iter(["q_outer", 64, 64, 4, 2, "pointer", 1])
+    params = space.suggest(lambda name, choices: next(picks), problem)
+    assert params["causal_mode"] == "split" and params["num_splits"] == 1 and params["q_tiles"] == 1
+    assert params["warp_specialize"] is False  # pointer access: not offered
+
+
+@pytest.mark.parametrize("text", ["__import__('os').system('true')", "BLOCK_M.bit_length()", "[BLOCK_M][0]",
+                                  "(lambda: 1)()", "BLOCK_M if causal else 1", "x == 1", "BLOCK_M ** 2"])
+def test_safe_evaluator_rejects(text):
+    with pytest.raises(SearchSpaceError):
+        Expression.parse(text, "here", NAMES)
+
+
+def test_safe_evaluator_evaluates():
+    expr = Expression.parse('not causal and (BLOCK_M * 2 <= head_dim or loop_order == "q_outer")', "x", NAMES)
+    assert expr.evaluate({"causal": False, "BLOCK_M": 64, "head_dim": 64, "loop_order": "q_outer"})
+    assert not expr.evaluate({"causal": True, "BLOCK_M": 64, "head_dim": 64, "loop_order": "q_outer"})
+
+
+BASE = """\
+version: 1
+parameters:
+  loop_order: [q_outer]
+  BLOCK_M: [64]
+  BLOCK_N: [64]
+  num_warps: [4]
+  num_stages: [2]
+  access: [pointer]
+  causal_mode: [split]
+  warp_specialize: [false]
+  num_splits: [1]
+  q_tiles: [1]
+constraints:
+  - BLOCK_N <= head_dim
+"""
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda t: t.replace("BLOCK_M: [64]", "BLOCK_M: [48]"), r"bad\.yaml:4 \(parameters\.BLOCK_M\): value 48 rejected"),
+        (lambda t: t.replace("BLOCK_M: [64]", "BLOCK_Q: [64]"), r":4 \(parameters\.BLOCK_Q\): unknown parameter"),
+        (lambda t: t.replace("BLOCK_M: [64]", "BLOCK_M: 64"), r":4 \(parameters\.BLOCK_M\): expected a non-empty list"),
+        (lambda t: t.replace("  - BLOCK_N <= head_dim", "  - BLOCK_N <= headdim"), r":14 \(constraints\.0\): .*unknown name 'headdim'"),
+        (lambda t: t.replace("  - BLOCK_N <= head_dim", "  - BLOCK_N <="), r":14 \(constraints\.0\): .*not an expression"),
+        (lambda t: t.replace("version: 1", "version: 9"), r":1 \(version\): version must be 1"),
+        (lambda t: t.replace("  q_tiles: [1]\n", ""), r"missing parameters \['q_tiles'\]"),
+        (lambda t: t + "arch:\n  sm70: {}\n", r"\(arch\.sm70\): unknown architecture"),
+        (lambda t: t + "presets:\n  p:\n    problems:\n      - {seqlen: 64, head_dim: 8, heads: 2}\n", r"presets\.p\.problems\.0\): head_dim 8"),
+        (lambda t: t + "presets:\n  p:\n    problems:\n      - {seqlen: 64, head_dim: 64, heads: 2, color: red}\n", r"unknown key 'color'"),
+        (lambda t: t + "bogus: 1\n", r"unknown top-level key 'bogus'"),
+        (lambda t: t.replace("parameters:", "parameters: [", 1), r"bad\.yaml:\d+: not valid YAML"),
+    ],
+)
+def test_malformed_files_name_file_line_and_key(edit, expected):
+    with pytest.raises(SearchSpaceError, match=expected):
+        parse_space(edit(BASE), "bad.yaml")
+
+
+def test_load_from_path(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(BASE)
+    space = load_space(path)
+    assert space.path == str(path) and space.grid(Problem(1, 1, 1, 64, 64, 64, "float16"))
+    with pytest.raises(SearchSpaceError, match="does not exist"):
+        load_space(tmp_path / "nope.yaml")

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from sqlalchemy import text
+
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.errors import DatabaseError
+from fa_autotune.spec.problem import Problem
+from fa_autotune.store import connect, migrations, models
+from fa_autotune.store.db import schema_version
+from fa_autotune.store.queries import Filters, best, pareto, trials
+from fa_autotune.store.records import identities, record, reusable
+from fa_autotune.store.tuned import save_front, save_winner
+from fa_autotune.spec.target import GpuInfo, SoftwareInfo
+from fa_autotune.spec.tuned import FrontPoint, Winner
+
+GPU = GpuInfo("NVIDIA Test GPU", "9.0", 132, 143000, "580")
+SW = SoftwareInfo("3.6.0", "2.11.0", "13.0", "0.1.0", "abc")
+PROBLEM = Problem(1, 2, 2, 64, 64, 32, "float16")
+
+
+@pytest.fixture
+def db(tmp_path):
+    return connect(f"sqlite:///{tmp_path / 'sub' / 'tune.sqlite'}")
+
+
+def test_sqlite_is_wal_with_schema_version(db, tmp_path):
+    with db.engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
+    assert schema_version(db) == models.SCHEMA_VERSION
+
+
+def test_record_reuse_and_best(db):
+    ids = identities(db, PROBLEM, GPU, SW)
+    assert identities(db, PROBLEM, GPU, SW) == ids  # identities are deduplicated
+    cfg = KernelConfig(BLOCK_M=64)
+    assert reusable(db, ids, cfg) is None
+    record(db, ids, cfg, "timeout", message="hung")
+    assert reusable(db, ids, cfg) is None  # a timeout may be the machine's fault: retried
+    record(db, ids, cfg, "ok", median_ms=1.5, tflops=10.0)
+    assert reusable(db, ids, cfg).median_ms == 1.5
+    save_winner(db, ids, Winner(PROBLEM, cfg, 1.4, 11.0, 1e-3, GPU, SW, study_name="s"))
+    save_winner(db, ids, Winner(PROBLEM, cfg.with_(BLOCK_N=32), 1.3, 12.0, 1e-3, GPU, SW, ties=2, study_name="s"))
+    rows = best(db)  # replaced, never duplicated
+    assert len(rows) == 1 and rows[0].config.BLOCK_N == 32 and rows[0].ties == 2
+    assert best(db)[0].config == cfg.with_(BLOCK_N=32)
+    assert (rows[0].problem, rows[0].gpu, rows[0].software, rows[0].study_name) == (PROBLEM, GPU, SW, "s")
+    assert [r.status for r in trials(db, Filters(status="ok"))] == ["ok"]
+    with pytest.raises(ValueError):
+        record(db, ids, cfg, "exploded")
+
+
+def test_newer_schema_is_refused_untouched(db):
+    with db.engine.begin() as conn:
+        conn.execute(models.SchemaVersionModel.__table__.insert().values(version=models.SCHEMA_VERSION + 1))
+    with pytest.raises(DatabaseError, match="newer"):
+        connect(db.url)
+
+
+def test_migration_upgrades_in_place_keeping_data(db, monkeypatch):
+    ids = identities(db, PROBLEM, GPU, SW)
+    record(db, ids, KernelConfig(), "ok", median_ms=2.0)
+    db.dispose()
+
+    def add_note(conn):
+        conn.execute(text("ALTER TABLE fa_measurements ADD COLUMN note TEXT"))
+
+    monkeypatch.setattr(models, "SCHEMA_VERSION", models.SCHEMA_VERSION + 1)
+    monkeypatch.setitem(migrations.MIGRATIONS, models.SCHEMA_VERSION, add_note)
+    upgraded = connect(db.url)
+    assert schema_version(upgraded) == models.SCHEMA_VERSION
+    with upgraded.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*), max(median_ms) FROM fa_measurements")).one() == (1, 2.0)
+        conn.execute(text("SELECT note FROM fa_measurements"))
+
+
+def test_foreign_database_refused(tmp_path):
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE fa_measurements (id INTEGER)")
+    with pytest.raises(DatabaseError, match="not written by fa_autotune"):
+        connect(f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("postgresql+nosuchdriver://u:secret@localhost/db", "cannot open database"),
+    ("not a url", "not a database URL"),
+])
+def test_unreachable_or_bad_urls(url, message):
+    with pytest.raises(DatabaseError, match=message) as info:
+        connect(url)
+    assert "secret" not in str(info.value)
+
+
+def test_sqlite_under_a_file_is_an_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(DatabaseError):
+        connect(f"sqlite:///{blocker / 'db.sqlite'}")
+
+
+def test_version_1_database_gains_the_pareto_table(db):
+    """A database written before FP8 tuning (schema 1, no fa_pareto) upgrades in place."""
+    ids = identities(db, PROBLEM, GPU, SW)
+    record(db, ids, KernelConfig(), "ok", median_ms=2.0)
+    with db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE fa_pareto"))
+        conn.execute(text("DELETE FROM fa_schema_version"))
+        conn.execute(models.SchemaVersionModel.__table__.insert().values(version=1))
+    db.dispose()
+    upgraded = connect(db.url)
+    assert schema_version(upgraded) == 2
+    fp8 = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    ids = identities(upgraded, fp8, GPU, SW)
+    fast, exact = KernelConfig(fp8_scaling="per_tensor", fp8_hadamard=False), KernelConfig()
+    save_front(upgraded, ids, [FrontPoint(fp8, fast, 1.0, 10.0, 0.2, GPU, SW),
+                               FrontPoint(fp8, exact, 1.5, 7.0, 0.05, GPU, SW)], 0.3)
+    save_front(upgraded, ids, [FrontPoint(fp8, exact, 1.4, 7.5, 0.05, GPU, SW)], 0.3)  # a re-tune replaces the front
+    rows = pareto(upgraded)
+    assert [(r.config, r.median_ms, r.max_error) for r in rows] == [(exact, 1.4, 0.3)]
+    with upgraded.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM fa_measurements")).scalar() == 1

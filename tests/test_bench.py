@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fa_autotune.bench import Bench, Cell, Row, geomeans, markdown
+from fa_autotune.errors import FaAutotuneError
+
+
+def row(problem, dtype, **ms):
+    return Row(problem, dtype, {p: Cell(p, "ok", v, 1.0 / v, 1e-3, p) for p, v in ms.items()})
+
+
+def test_geomeans_and_ratios_against_cudnn():
+    rows = [row("a", "float16", cudnn=1.0, tuned=0.5), row("b", "float16", cudnn=1.0, tuned=2.0)]
+    g = geomeans(rows, ("tuned", "cudnn"))["float16"]
+    assert math.isclose(g["tuned_vs_cudnn"], 1.0) and math.isclose(g["tuned_min_vs_cudnn"], 0.5)
+    assert math.isclose(g["cudnn_tflops"], 1.0)
+    rows[1].cells["tuned"] = Cell("tuned", "wrong_result", rel_error=0.5)
+    assert geomeans(rows, ("tuned", "cudnn"))["float16"]["tuned_vs_cudnn"] is None  # incomplete: no geomean
+
+
+def test_markdown_marks_failed_providers():
+    rows = [row("p", "bfloat16", cudnn=2.0, tuned=1.0)]
+    rows[0].cells["flex"] = Cell("flex", "unavailable", detail="no compiler")
+    summary = {"environment": {"gpu": "G", "date": "d", "torch": "t", "triton": "x", "cuda": "c", "cudnn": 1,
+                               "fa_autotune": "f", "template_hash": "h"}, "preset": "quick",
+               "bf16_matmul_tflops": 1.0, "geomeans": geomeans(rows, ("tuned", "cudnn")),
+               "rows": [{"problem": "p", "dtype": "bfloat16", "cells": {k: c.__dict__ for k, c in rows[0].cells.items()}}]}
+    text = markdown(summary, ("tuned", "cudnn", "flex"))
+    assert "| p | 1 (2.00x) | 0 (1.00x) | unavailable |" in text
+
+
+def test_unknown_provider_is_an_error():
+    with pytest.raises(FaAutotuneError, match="unknown provider"):
+        Bench(("tuned", "fastest"), None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_bench_refuses_without_a_gpu():
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+ENV = {"gpu": "G", "capability": "9.0", "driver": "1", "date": "2026-11-30 01:00 UTC", "torch": "t", "triton": "x",
+       "cuda": "c", "cudnn": 1, "fa_autotune": "f", "template_hash": "h"}
+
+
+def _bench_dir(tmp_path, name, rows, env=ENV, ceiling=700.0):
+    from fa_autotune.bench import write
+
+    return write(rows, ("tuned", "cudnn"), ceiling, tmp_path / name, "llm-prefill", dict(env)) and tmp_path / name
+
+
+def test_merge_runs_from_two_gpus_into_one_table(tmp_path):
+    a = _bench_dir(tmp_path, "a", [row("p1", "float16", cudnn=1.0, tuned=0.5)])
+    b = _bench_dir(tmp_path, "b", [row("p2", "float16", cudnn=1.0, tuned=2.0)], dict(ENV, date="2026-11-30 02:00 UTC"),
+                   ceiling=800.0)
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", str(a), str(b / "bench.json"),
+                             "--out", str(tmp_path / "m")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    from fa_autotune.bench import read
+
+    merged = read(tmp_path / "m")
+    assert [r.problem for r in merged["rows"]] == ["p1", "p2"] and merged["runs"] == 2
+    assert math.isclose(merged["geomeans"]["float16"]["tuned_vs_cudnn"], 1.0)
+    assert merged["bf16_matmul_tflops"] == 750.0 and merged["environment"]["date"].startswith("2026-11-30 02")
+    assert "Merged from 2 runs" in (tmp_path / "m" / "bench.md").read_text()
+
+
+def test_merge_refuses_other_software_and_repeated_problems(tmp_path):
+    from fa_autotune.bench import merge
+
+    a = _bench_dir(tmp_path, "a", [row("p1", "float16", cudnn=1.0, tuned=0.5)])
+    b = _bench_dir(tmp_path, "b", [row("p2", "float16", cudnn=1.0, tuned=0.5)], dict(ENV, triton="y"))
+    c = _bench_dir(tmp_path, "c", [row("p1", "float16", cudnn=1.0, tuned=0.7)])
+    with pytest.raises(FaAutotuneError, match="triton differ"):
+        merge([a, b], tmp_path / "m")
+    with pytest.raises(FaAutotuneError, match="p1 appears in more than one"):
+        merge([a, c], tmp_path / "m")
+    (tmp_path / "bad.json").write_text('{"rows": []}')
+    with pytest.raises(FaAutotuneError, match="is not a bench result"):
+        merge([tmp_path / "bad.json"], tmp_path / "m")
+
+
+def test_resume_refuses_another_machine_or_provider_set(tmp_path):
+    from fa_autotune.bench import resume
+
+    assert resume(tmp_path / "none", ("tuned", "cudnn")) == (None, [])
+    a = _bench_dir(tmp_path, "a", [row("p1", "float16", cudnn=1.0, tuned=0.5)])
+    with pytest.raises(FaAutotuneError, match="providers"):
+        resume(a, ("tuned",))
+    with pytest.raises(FaAutotuneError, match="another gpu"):  # this machine has no GPU "G"
+        resume(a, ("tuned", "cudnn"))
+
+
+def test_merge_takes_no_measuring_flags(tmp_path):
+    a = _bench_dir(tmp_path, "a", [row("p1", "float16", cudnn=1.0, tuned=0.5)])
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", str(a), "--resume",
+                             "--out", str(tmp_path / "m")], capture_output=True, text=True)
+    assert result.returncode == 2 and "--merge only reads earlier outputs" in result.stderr

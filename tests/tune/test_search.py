@@ -1,0 +1,115 @@
+"""The tuner in-process on Triton's interpreter: which configs a study may crown, and that a
+re-tune measures the incumbent winner before replacing it."""
+from __future__ import annotations
+
+import pytest
+
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.search import TuneOptions, Tuner, pareto_front
+from fa_autotune.spec.space import load_space
+from fa_autotune.store import connect, queries
+from fa_autotune.store.records import identities, record
+from fa_autotune.spec.target import detect_gpu, detect_software
+
+PROBLEM = Problem(1, 2, 2, 40, 40, 16, "float16", causal=False)
+
+
+@pytest.fixture
+def tuner(tmp_path, kernel_cache):
+    url = f"sqlite:///{tmp_path / 'tune.sqlite'}"
+
+    def make(space: str, **options) -> Tuner:
+        return Tuner(connect(url), load_space(space), detect_gpu(), detect_software(),
+                     TuneOptions(jobs=2, seed=3, **options))
+
+    return make
+
+
+def test_baseline_study_ranks_only_its_own_configs(tuner):
+    """A fast measurement another study made must not become the tutorial baseline's
+    winner, and the baseline must not replace the dispatcher's choice for the problem."""
+    main = tuner("fwd", trials=3)
+    (tuned,) = main.tune([PROBLEM])
+    outsider = KernelConfig(loop_order="kv_outer", BLOCK_M=16, BLOCK_N=16, q_tiles=2, num_stages=2)
+    ids = identities(main.db, PROBLEM, main.gpu, main.software)
+    record(main.db, ids, outsider, "ok", phase="search", median_ms=1e-6, tflops=1e6, study_name="other")
+    best_before = queries.best(main.db)
+
+    baseline = tuner("tutorial", sampler="grid", study="tutorial", warm_start=False, record_best=False)
+    (outcome,) = baseline.tune([PROBLEM])
+    grid = load_space("tutorial").for_arch("interpreter").grid(PROBLEM)
+    assert outcome.best in grid
+    retimed = [r for r in queries.trials(main.db) if r.phase == "retime"]
+    assert retimed and all(KernelConfig.from_stored(r.config) != outsider for r in retimed)
+    assert queries.best(main.db) == best_before and best_before[0].config == tuned.best
+
+    (again,) = tuner("tutorial", sampler="grid", study="tutorial", warm_start=False, record_best=False).tune([PROBLEM])
+    assert again.best == outcome.best and again.new_trials == 0
+
+
+def test_retune_measures_the_incumbent(tuner):
+    """A new study on a tuned problem starts from the default and the earlier winner, and
+    re-times the earlier winner beside its own best before deciding."""
+    (first,) = tuner("fwd", trials=3, study="first").tune([PROBLEM])
+    second = tuner("fwd", trials=3, study="second")
+    (outcome,) = second.tune([PROBLEM])
+    import optuna
+
+    study = optuna.load_study(study_name=outcome.study_name, storage=second.db.optuna_storage())
+    starts = [KernelConfig.from_stored(t.user_attrs["config"]) for t in study.trials[:2]]
+    assert first.best in starts
+    retimed = {r.study_name for r in queries.trials(second.db)
+               if r.phase == "retime" and KernelConfig.from_stored(r.config) == first.best}
+    assert outcome.study_name in retimed
+
+
+def test_pareto_front_drops_dominated_points():
+    a, b, c, d = (KernelConfig(BLOCK_M=m) for m in (16, 32, 64, 128))
+    front = pareto_front([(a, 1.0, 0.30), (b, 2.0, 0.10), (c, 2.5, 0.20), (d, 3.0, 0.05)])
+    assert front == [(a, 1.0, 0.30), (b, 2.0, 0.10), (d, 3.0, 0.05)]
+
+
+def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, monkeypatch):
+    """`tune --dtype fp8 --max-error E` as a user runs it: time and error both minimized,
+    the front within E stored and shown by `query pareto`; attention_fp8 then runs the
+    fastest front config within the caller's budget."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from fa_autotune.runtime import api, dispatch
+
+    url = f"sqlite:///{tmp_path / 'fp8.sqlite'}"
+    env = dict(os.environ, FA_AUTOTUNE_CACHE=str(kernel_cache))
+    env.pop("TRITON_INTERPRET", None)
+    base = [sys.executable, "-m", "fa_autotune"]
+    tune = base + ["tune", "--batch", "1", "--heads", "2", "--seqlen", "64", "--head-dim", "32", "--dtype", "fp8",
+                   "--jobs", "2", "--seed", "2", "--db", url, "--quiet"]
+    # A budget nothing meets first: its measurements must stay usable for a looser budget.
+    subprocess.run(tune + ["--trials", "4", "--max-error", "0.001", "--study", "tight"], check=True, env=env,
+                   capture_output=True)
+    subprocess.run(tune + ["--trials", "12", "--max-error", "0.3"], check=True, env=env, capture_output=True)
+    front = json.loads(subprocess.run(base + ["query", "pareto", "--db", url, "--format", "json"], check=True,
+                                      env=env, capture_output=True, text=True).stdout)
+    assert front and all(r["problem"].endswith("float8_e4m3fn_full") and r["rel_error"] <= 0.3 for r in front)
+    times, errors = [r["median_ms"] for r in front], [r["rel_error"] for r in front]
+    assert times == sorted(times) and errors == sorted(errors, reverse=True) and len(set(errors)) == len(errors)
+
+    monkeypatch.setenv("FA_AUTOTUNE_DB", url)
+    dispatch.DISPATCHER.reset()
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn", causal=False)
+    for budget in (None, errors[-1], (errors[0] + errors[-1]) / 2):
+        choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, budget)
+        fits = [r for r in front if r["rel_error"] <= (0.1 if budget is None else budget)]  # None: e4m3's tolerance
+        expected = fits[0] if fits else front[-1]  # else the most accurate, the problem's recorded winner
+        assert choice.config == KernelConfig.from_mapping(expected["config"])
+    with pytest.warns(RuntimeWarning, match="within max_error"):
+        choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, errors[-1] / 2)
+    assert choice.config == KernelConfig.from_mapping(front[-1]["config"])
+    q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16) for _ in range(3))
+    out = api.attention_fp8(q, k, v, max_error=errors[-1])
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()

@@ -1,0 +1,53 @@
+"""A hung or crashing trial costs only itself: the worker is killed and replaced."""
+from __future__ import annotations
+
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.worker import DeviceWorker, Job
+from helpers import crashing_server, hanging_server
+
+JOB = Job(KernelConfig(BLOCK_M=16, BLOCK_N=16), Problem(1, 1, 1, 16, 16, 16, "float16"), rep_ms=1)
+
+
+def test_timeout_kills_and_restarts():
+    with DeviceWorker(interpret=True, server=hanging_server) as worker:
+        result = worker.run(JOB, timeout=3)
+        assert result["status"] == "timeout" and worker.restarts == 1
+        assert worker.run(JOB, timeout=3)["status"] == "timeout"  # a fresh worker took the next job
+        assert worker.restarts == 2
+
+
+def test_crash_is_a_status_not_an_exception():
+    with DeviceWorker(interpret=True, server=crashing_server) as worker:
+        result = worker.run(JOB, timeout=60)
+        assert result["status"] == "crashed" and "exit code 3" in result["message"]
+
+
+def test_real_worker_checks_and_times():
+    with DeviceWorker(interpret=True) as worker:
+        result = worker.run(JOB, timeout=300)
+    assert result["status"] == "ok" and result["median_ms"] > 0 and result["rel_error"] < 1e-2
+
+
+def test_a_trial_builds_its_inputs_once(monkeypatch):
+    """The correctness gate and the timing read the same inputs, built (random data, FP8
+    quantization) once per trial."""
+    from fa_autotune.tune import inputs, worker
+    from fa_autotune.tune.measure import Timing
+
+    built, timed = [], []
+    original = inputs.TrialInputs.build.__func__
+
+    def counting_build(cls, *args, **kwargs):
+        built.append(original(cls, *args, **kwargs))
+        return built[-1]
+
+    def recording_timing(config, problem, trial_inputs, rep_ms):
+        timed.append(trial_inputs)
+        return Timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(inputs.TrialInputs, "build", classmethod(counting_build))
+    monkeypatch.setattr(worker, "time_config", recording_timing)
+    result = worker.execute(JOB, "cpu")
+    assert result["status"] == "ok" and result["rel_error"] < 1e-2
+    assert len(built) == 1 and timed == built
