@@ -92,7 +92,8 @@ def _compile(args: argparse.Namespace) -> int:
     cap = tuple(int(x) for x in args.arch.split("."))
     (result,) = compile_many([config_from_args(args)], problem_from_args(args), capability=cap, jobs=1)
     report = {"variant": result.config.name, "status": result.status, "seconds": round(result.seconds, 2),
-              "error": result.error, "kernels": [k.__dict__ for k in result.kernels]}
+              "error": result.error,
+              "kernels": [dict(k.__dict__, instructions=dict(k.instructions)) for k in result.kernels]}
     print(json.dumps(report, indent=2))
     return 0 if result.status == "ok" else 1
 
@@ -131,7 +132,17 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
         raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")
-    return list(space.presets[name].problems)
+    problems = list(space.presets[name].problems)
+    return _matching(problems, args) if args.match else problems
+
+
+def _matching(problems: list, args: argparse.Namespace) -> list:
+    """The problems whose key contains each comma-separated part of --match."""
+    wanted = [w.strip() for w in args.match.split(",") if w.strip()]
+    kept = [p for p in problems if all(w in p.key for w in wanted)]
+    if not kept:
+        raise FaAutotuneError(f"no problem of preset {args.preset!r} matches {args.match!r}")
+    return kept
 
 
 @command("query")
@@ -283,11 +294,7 @@ def _bench(args: argparse.Namespace) -> int:
             raise FaAutotuneError(f"unknown preset {args.preset!r}; available: {', '.join(sorted(space.presets))}")
         problems, name = list(space.presets[args.preset].problems), args.preset
     if args.match:
-        wanted = [w.strip() for w in args.match.split(",") if w.strip()]
-        problems = [p for p in problems if all(w in p.key for w in wanted)]
-        name = f"{name} (problems matching {args.match})"
-        if not problems:
-            raise FaAutotuneError(f"no problem of preset {args.preset!r} matches {args.match!r}")
+        problems, name = _matching(problems, args), f"{name} (problems matching {args.match})"
     providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
     bench = Bench(providers, args.db, rep_ms=args.rep_ms)
     ceiling, rows = resume(Path(args.out), providers) if args.resume else (None, [])
@@ -322,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help=_tune.__doc__, description=_tune.__doc__)
     p.add_argument("--preset", default=None, help="named problem set of the search space (default: smoke without a "
                                                    "GPU, quick with one)")
+    p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
+                                                  "comma-separated parts, e.g. d128,causal")
     add_problem_flags(p)
     p.set_defaults(seqlen=None)
     p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")

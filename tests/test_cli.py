@@ -122,3 +122,17 @@ def test_render_and_compile_commands(env, tmp_path):
     assert path.endswith(".py") and "attn_fwd_splitkv" in path and os.path.exists(path)
     bad = cli("render", "--config", '{"BLOCK_M": 65}', env=env, check=False)
     assert bad.returncode == 2 and "BLOCK_M" in bad.stderr
+
+
+def test_compile_command_reports_a_gluon_kernel_for_hopper(env):
+    """No GPU here: `compile` builds the Gluon FlashAttention-3 variant for sm_90 and reports
+    what proves its structure (register hand-over, TMA, wgmma)."""
+    config = ('{"language": "gluon", "access": "tensor_desc", "num_warps": 4, "BLOCK_M": 64, "BLOCK_N": 128, '
+              '"num_stages": 2, "persistent": 1}')
+    out = cli("compile", "--config", config, "--batch", "2", "--heads", "16", "--kv-heads", "4", "--seqlen", "4096",
+              "--head-dim", "128", "--dtype", "bf16", "--causal", env=env)
+    report = json.loads(out.stdout)
+    assert report["status"] == "ok" and report["variant"] == "attn_fwd_gluon_m64x2n128_s2_r240_cband_ov_pers1"
+    (kernel,) = report["kernels"]
+    assert "inc 240" in kernel["setmaxnreg"] and kernel["uses_wgmma"]
+    assert dict(kernel["instructions"])["cp.async.bulk.tensor"] > 0

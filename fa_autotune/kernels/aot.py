@@ -15,15 +15,20 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import subprocess
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
 from ..errors import FaAutotuneError
 from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
@@ -49,6 +54,10 @@ class KernelReport:
     uses_wgmma: bool
     ptx_lines: int
     mma: tuple[str, ...] = ()  # distinct wgmma shapes and operand types, e.g. "m64n128k32.f32.e4m3.e4m3"
+    instructions: tuple[tuple[str, int], ...] = ()  # PTX counts of the instructions in INSTRUCTIONS
+    setmaxnreg: tuple[str, ...] = ()  # register budgets the partitions set, e.g. ("dec 24", "inc 240")
+    registers: int | None = None  # per thread, as ptxas allotted them (None: cuobjdump missing)
+    stack_bytes: int | None = None  # local stack per thread: nonzero means ptxas spilled registers
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,8 @@ def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
     for index, (name, arg) in enumerate(zip(names, args)):
         if arg is None or (isinstance(arg, int) and not isinstance(arg, bool) and arg == 1):
             signature[name], consts[name] = "constexpr", arg
+        elif isinstance(arg, GluonTensorDescriptor):  # as Triton's JIT spells a host-side descriptor
+            signature[name] = f"tensordesc<{_TRITON_TYPES[arg.base.dtype]}{list(arg.block_shape)},{arg.layout!r}>"
         elif isinstance(arg, torch.Tensor):
             signature[name] = f"*{_TRITON_TYPES[arg.dtype]}"
             attrs[(index,)] = [["tt.divisibility", 16]]
@@ -131,18 +142,53 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         fn = launch.kernel
         signature, consts, attrs = _specialize(launch, args)
         try:
-            compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=target, options=launch.options)
+            source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, consts, attrs)
+            compiled = triton.compile(source, target=target, options=launch.options)
         except Exception as exc:  # compiler failures are data for the tuner
             message = str(exc).strip().splitlines()
             return CompileResult(config, "compile_error", time.perf_counter() - start, tuple(reports),
                                  message[-1] if message else type(exc).__name__)
         ptx = compiled.asm.get("ptx", "")
+        registers, stack = resource_usage(compiled.asm.get("cubin", b""))
         reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
-                                    _mma_kinds(ptx)))
+                                    _mma_kinds(ptx), instruction_counts(ptx), _setmaxnreg(ptx), registers, stack))
         if compiled.metadata.shared > limit:
             return CompileResult(config, "out_of_resources", time.perf_counter() - start, tuple(reports),
                                  f"{fn.__name__} needs {compiled.metadata.shared} bytes of shared memory, limit {limit}")
     return CompileResult(config, "ok", time.perf_counter() - start, tuple(reports))
+
+
+# What proves a Hopper variant uses the hardware it was written for.
+INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive",
+                "tensormap.replace")
+
+
+def instruction_counts(ptx: str) -> tuple[tuple[str, int], ...]:
+    return tuple((name, ptx.count(name)) for name in INSTRUCTIONS)
+
+
+_CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    """Registers and stack bytes per thread of a cubin, read with the cuobjdump Triton ships
+    (a stack means spilled registers: FlashAttention's accumulators must stay in registers).
+    (None, None) where cuobjdump is missing or cannot read it."""
+    if not cubin or not _CUOBJDUMP.exists():
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            result = subprocess.run([str(_CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None, None
+    match = re.search(r"REG:(\d+) STACK:(\d+)", result.stdout)
+    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
+
+
+def _setmaxnreg(ptx: str) -> tuple[str, ...]:
+    return tuple(f"{kind} {regs}" for kind, regs in re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
 
 
 def _mma_kinds(ptx: str) -> tuple[str, ...]:

@@ -24,6 +24,8 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
             raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
         for name, t in zip("qkv", _tma_views(problem, *tensors)):
             _check_tma_layout(name, t)
+    if config.language == "gluon":
+        _check_gluon(problem, device, capability)
     if config.warp_specialize:
         _check_warp_specialize(config, problem, capability)
     if problem.is_fp8:
@@ -32,6 +34,18 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
     if limit is not None and config.rescale_threshold > limit:
         raise ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
                           f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
+
+
+def _check_gluon(problem: Problem, device: torch.device, capability: tuple[int, int] | None) -> None:
+    """The Gluon kernels are written for Hopper's wgmma and TMA, in fp16/bf16."""
+    if device.type != "cuda":
+        raise ConfigError("language", "language='gluon' runs on Hopper GPUs only; Triton's interpreter cannot run "
+                          "Gluon (use language='triton')")
+    if capability is not None and capability[0] != 9:
+        raise ConfigError("language", f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is "
+                          f"sm_{capability[0]}{capability[1]}")
+    if problem.dtype not in ("float16", "bfloat16"):
+        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {problem.dtype}")
 
 
 def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:

@@ -17,6 +17,8 @@ import torch
 import triton
 from triton import knobs
 from triton.compiler.errors import CompilationError
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.runtime.errors import OutOfResources
 
 from ..errors import ConfigError, InputError, KernelCompileError, KernelResourceError, TemplateError
@@ -34,6 +36,8 @@ _FP8_SCALES = ("QScale", "KScale", "VScale")
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
+_GLUON = ("q_desc", "k_desc", "v_desc", "o_desc", "Lse")
+_GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _NO_SCALES = (None, None, None)
 
 # The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
@@ -141,7 +145,7 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.maxnreg:
         options["maxnreg"] = config.maxnreg
-    family = _FAMILIES[config.loop_order]
+    family = _gluon if config.language == "gluon" else _FAMILIES[config.loop_order]
     launches, calls = family(config, module, q, scalars, flags, options, scales, head_dim_pad)
     return Prepared(launches, calls, config.access == "tensor_desc")
 
@@ -215,6 +219,30 @@ def _kv_outer(config, module: KernelModule, q, scalars, flags, options, scales, 
         row_max = torch.empty((rows, n_q_pad), device=q.device, dtype=torch.float32)
         row_sum = torch.empty((rows, n_q_pad), device=q.device, dtype=torch.float32)
         return [(main, (q, k, v, out, lse, acc, row_max, row_sum))]
+
+    return (main,), calls
+
+
+def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, head_dim_pad):
+    """FlashAttention-3 in Gluon: programs walk tiles of ``consumers * BLOCK_M`` query rows of
+    one (batch, head), one tile each or, with ``persistent``, one program per SM looping; the
+    producer and consumer warpgroups fork inside the kernel (the launch has 4 warps). Q, K, V
+    and O go in as rank-4 TMA descriptors over (batch, head, row, dim) with the tensors' own
+    strides, encoded on the host for each call."""
+    if scales is not None:
+        raise ConfigError("language", "FP8 inputs run with language='triton' only")
+    tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
+    grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
+    main = Launch(module.KERNELS["main"], grid, _GLUON, scalars, flags, {"num_warps": config.num_warps})
+    dtype = _GLUON_DTYPES[q.dtype]
+    rows = {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N, "o": config.BLOCK_M}
+    blocks = {name: [1, 1, n, head_dim_pad] for name, n in rows.items()}
+    layouts = {name: gl.NVMMASharedLayout.get_default_for(block, dtype) for name, block in blocks.items()}
+
+    def calls(q, k, v, out, lse, scales):
+        descs = tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
+                      for name, t in zip("qkvo", (q, k, v, out)))
+        return [(main, (*descs, lse))]
 
     return (main,), calls
 

@@ -28,6 +28,7 @@ TEMPLATES = {
     "kv_outer": "attn_fwd_kv_outer.py.jinja",
     "split_kv": "attn_fwd_split_kv.py.jinja",
 }
+GLUON_TEMPLATE = "attn_fwd_gluon.py.jinja"  # language="gluon": FlashAttention-3's schedule (Hopper)
 
 
 class KernelModule(Protocol):
@@ -91,7 +92,8 @@ def render(config: KernelConfig) -> RenderedKernel:
     if not isinstance(config, KernelConfig):
         raise TypeError("render() takes a KernelConfig; build one with KernelConfig.from_mapping")
     try:
-        source = _environment().get_template(TEMPLATES[config.loop_order]).render(cfg=config)
+        template = GLUON_TEMPLATE if config.language == "gluon" else TEMPLATES[config.loop_order]
+        source = _environment().get_template(template).render(cfg=config)
     except Exception as exc:  # jinja errors carry the template line; keep it in the message
         raise TemplateError(f"rendering {config.name} failed: {exc}") from exc
     source = tidy(source)

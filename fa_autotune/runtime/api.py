@@ -20,7 +20,7 @@ from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import check_config, check_fp8_scales, per_block, tma_compatible
 from ..kernels.launcher import Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run
 from ..spec.config import KernelConfig
-from ..spec.defaults import default_for
+from ..spec.defaults import default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
 
@@ -223,13 +223,24 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
     usable = _adapt(choice.config, problem, q, k, v)
     if usable is not None:
         return Choice(usable, choice.source, choice.matched, choice.distance, choice.origin)
-    default = default_for(problem, gpu_of(q.device.type, q.device.index or 0))
-    return Choice(_adapt(default, problem, q, k, v) or default, "default", None, float("inf"), "built-in")
+    for default in defaults_for(problem, gpu_of(q.device.type, q.device.index or 0)):
+        usable = _adapt(default, problem, q, k, v)
+        if usable is not None:
+            return Choice(usable, "default", None, float("inf"), "built-in")
+    return Choice(default, "default", None, float("inf"), "built-in")  # run() names what is wrong
 
 
 def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
     """``config``, or the same tiles without TMA / warp specialization (and then without
-    its persistent grid), if these tensors need that; None if neither can run them."""
+    its persistent grid), if these tensors need that; None if neither can run them. A Gluon
+    config has no such variants: it runs as it is or not at all (then the caller falls back
+    to the built-in default)."""
+    if config.language == "gluon":
+        try:
+            check_config(config, problem, q, k, v)
+        except ConfigError:
+            return None
+        return config
     if config.access == "tensor_desc" and not tma_compatible(problem, q, k, v):
         config = _without_warp_specialization(config, access="block_ptr")
     for candidate in (config, _without_warp_specialization(config)):

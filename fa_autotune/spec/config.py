@@ -26,12 +26,23 @@ FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
 FP8_PV_MODES = ("separate", "inplace")
 MAX_PERSISTENT = 4
 MAX_RESCALE_THRESHOLD = 16
+LANGUAGES = ("triton", "gluon")
+GLUON_BLOCK_M = (64, 128)  # rows per consumer warpgroup
+GLUON_BLOCK_N = (64, 128)
+GLUON_CONSUMERS = (1, 2, 3)
+# Registers of one warpgroup's threads when the SM's 64K are split evenly per 128 threads,
+# what setmaxnreg redistributes; below 24 for the producer, ptxas drops setmaxnreg silently.
+_WARPGROUP_REGS = 512
+_MIN_REGS, _MAX_REGS = 24, 256
 # Kernel-structure knobs added after the first release: the canonical JSON (the identity
 # stored in databases and config files) leaves them out while they hold these defaults,
 # so every config tuned before they existed keeps its key.
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
-                      "fp8_pv": "separate"}
+                      "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
+                      "overlap": True, "pingpong": False}
+# Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong")
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,16 @@ class KernelConfig:
     # FP8 kernels: "separate" PV products descaled as they are added to the accumulator, or
     # "inplace" accumulation descaled once in the epilogue (one V descale per head only).
     fp8_pv: str = "separate"
+    # "triton": the tl kernels (any GPU, and Triton's interpreter); "gluon": FlashAttention-3's
+    # producer/consumer schedule written in Gluon (Hopper): a TMA producer warpgroup and
+    # `consumers` consumer warpgroups of BLOCK_M query rows each, `consumer_regs` registers
+    # per consumer thread (setmaxnreg), the next QK^T issued before this tile's softmax
+    # (`overlap`), consumers taking turns on the tensor cores (`pingpong`).
+    language: str = "triton"
+    consumers: int = 2
+    consumer_regs: int = 240
+    overlap: bool = True
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -103,6 +124,8 @@ class KernelConfig:
     @property
     def name(self) -> str:
         """Deterministic kernel name that spells the variant, FlashInfer style."""
+        if self.language == "gluon":
+            return self._gluon_name()
         loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
         access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
         parts = [
@@ -132,6 +155,17 @@ class KernelConfig:
             parts.append("nohad")
         if self.fp8_pv != "separate":
             parts.append("pvin")
+        return "_".join(parts)
+
+    def _gluon_name(self) -> str:
+        parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
+                 f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
+        if self.overlap:
+            parts.append("ov")
+        if self.pingpong:
+            parts.append("pp")
+        if self.persistent:
+            parts.append(f"pers{self.persistent}")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -174,6 +208,7 @@ def _validate(cfg: KernelConfig) -> None:
     if cfg.q_tiles != 1 and cfg.loop_order == "split_kv":
         raise ConfigError("q_tiles", "loop_order='split_kv' owns one Q tile per program; use 1")
     _validate_structure(cfg)
+    _validate_language(cfg)
     if cfg.warp_specialize and cfg.loop_order != "q_outer":
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
         # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
@@ -202,3 +237,38 @@ def _validate_structure(cfg: KernelConfig) -> None:
         for name in ("rescale_threshold", "exp2_poly", "persistent", "tile_order"):
             if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
                 raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")
+
+
+def _validate_language(cfg: KernelConfig) -> None:
+    """Gluon variants: the FlashAttention-3 schedule has its own knobs; the Triton-only ones
+    stay at their defaults, and Triton variants leave the Gluon knobs alone."""
+    _check_choice("language", cfg.language, LANGUAGES)
+    _check_choice("consumers", cfg.consumers, GLUON_CONSUMERS)
+    _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
+    for name in ("overlap", "pingpong"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
+    if cfg.language == "triton":
+        for name in GLUON_FIELDS:
+            if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
+                raise ConfigError(name, f"only language='gluon' has it; use {STRUCTURE_DEFAULTS[name]!r}")
+        return
+    required = {"loop_order": "q_outer", "access": "tensor_desc", "num_warps": 4, "warp_specialize": False,
+                "q_tiles": 1, "rescale_threshold": 0, "exp2_poly": False, "tile_order": "seq", "maxnreg": 0}
+    for name, value in required.items():
+        if getattr(cfg, name) != value:
+            raise ConfigError(name, f"language='gluon' needs {name}={value!r} (its own schedule replaces it)")
+    _check_choice("BLOCK_M", cfg.BLOCK_M, GLUON_BLOCK_M)
+    _check_choice("BLOCK_N", cfg.BLOCK_N, GLUON_BLOCK_N)
+    if cfg.num_stages > 4:
+        raise ConfigError("num_stages", f"language='gluon' rings up to 4 K/V stages, got {cfg.num_stages}")
+    if cfg.persistent > 1:
+        raise ConfigError("persistent", "a Gluon program holds a whole SM's registers (512 per thread across its "
+                          "warpgroups): use 0 (a program per tile) or 1 (a program per SM)")
+    if cfg.consumer_regs % 8:
+        raise ConfigError("consumer_regs", f"{cfg.consumer_regs} is not a multiple of 8 (setmaxnreg)")
+    if _WARPGROUP_REGS - cfg.consumers * cfg.consumer_regs < _MIN_REGS:
+        raise ConfigError("consumer_regs", f"{cfg.consumers} consumers at {cfg.consumer_regs} leave the producer "
+                          f"fewer than {_MIN_REGS} registers (ptxas would drop setmaxnreg)")
+    if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
+        raise ConfigError("pingpong", "ping-pong needs consumers=2 and overlap=true")

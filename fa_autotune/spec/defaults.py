@@ -14,8 +14,19 @@ from .target import GpuInfo
 _SPLIT_KV_MAX_QROWS = 64
 
 
-def default_config(problem: Problem, capability: tuple[int, int] | None = None, sm_count: int = 132) -> KernelConfig:
-    """A safe, decent config for ``problem`` on a GPU of ``capability`` (None: interpreter)."""
+# FlashAttention-3 in Gluon on Hopper, fp16/bf16 with 64 < D <= 128: two 64-row consumer
+# warpgroups over 128-row K/V steps, a persistent grid with two Q buffers. On an H200 it ran
+# 0.99-1.02x cuDNN on the non-causal D=128 llm-prefill problems and 1.12-1.16x the D=128 geomean
+# of the Triton winners tuned before it (benchmarks/results/2026-12-01-h200-gluon-bench-llm-prefill.md).
+GLUON_DEFAULT = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
+                             num_stages=2, persistent=1)
+
+
+def default_config(problem: Problem, capability: tuple[int, int] | None = None, sm_count: int = 132,
+                   gluon: bool = True) -> KernelConfig:
+    """A safe, decent config for ``problem`` on a GPU of ``capability`` (None: interpreter);
+    ``gluon=False`` gives the Triton one where the Gluon kernel would be picked (for inputs
+    the Gluon kernel cannot read)."""
     d = problem.head_dim_pad
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
@@ -31,6 +42,9 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
         )
     if d <= 64:  # H200 sweep: plain pointers with 8 warps beat TMA at D=64
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, access="pointer")
+    if gluon and capability is not None and capability[0] == 9 and 64 < d <= 128 \
+            and problem.dtype in ("float16", "bfloat16"):
+        return GLUON_DEFAULT
     if d <= 128:
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
     return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
@@ -51,6 +65,13 @@ def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
     return KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, access="pointer")
 
 
-def default_for(problem: Problem, gpu: GpuInfo) -> KernelConfig:
+def default_for(problem: Problem, gpu: GpuInfo, gluon: bool = True) -> KernelConfig:
     """The built-in config for ``problem`` on ``gpu`` (the interpreter included)."""
-    return default_config(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
+    return default_config(problem, gpu.capability_tuple, max(gpu.sm_count, 1), gluon)
+
+
+def defaults_for(problem: Problem, gpu: GpuInfo) -> list[KernelConfig]:
+    """The built-in configs to try in turn: the default, then its Triton stand-in if it is a
+    Gluon kernel (which runs on Hopper with TMA-readable inputs only)."""
+    first, second = default_for(problem, gpu), default_for(problem, gpu, gluon=False)
+    return [first] if first == second else [first, second]

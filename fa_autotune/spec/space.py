@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ConfigError, InputError, SearchSpaceError
 from ..paths import data_dir
-from .config import STRUCTURE_DEFAULTS, KernelConfig
+from .config import GLUON_FIELDS, STRUCTURE_DEFAULTS, KernelConfig
 from .problem import Problem
 
 PROBLEM_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_pad",
@@ -342,6 +342,12 @@ def _check_value(name: str, value: Any, where: str) -> None:
         probe["loop_order"] = "kv_outer"
     if name == "warp_specialize":
         probe.update(access="tensor_desc", num_stages=2)
+    if name in GLUON_FIELDS or (name == "language" and value == "gluon"):
+        probe.update(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64)
+        if name == "consumer_regs":
+            probe["consumers"] = 1
+        if name == "consumers":  # each value with registers that leave the producer its share
+            probe["consumer_regs"] = 160
     try:
         KernelConfig.from_mapping(probe)
     except ConfigError as exc:

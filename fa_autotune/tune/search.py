@@ -28,7 +28,7 @@ from ..errors import ConfigError, FaAutotuneError
 from ..kernels.aot import HOPPER, CompileResult
 from ..processes import compiler_init
 from ..spec.config import KernelConfig
-from ..spec.defaults import default_for
+from ..spec.defaults import default_for, defaults_for
 from ..spec.problem import TOLERANCE, Problem, distance
 from ..spec.space import SearchSpace
 from ..spec.target import GpuInfo, SoftwareInfo
@@ -226,7 +226,7 @@ class Tuner:
         tuned = tuned_problems(self.db, self.gpu)
         # The default, this problem's earlier winners (a re-tune must measure the incumbent),
         # then the winners of the nearest tuned problems.
-        starts = [default_for(problem, self.gpu)] + [c for p, c in tuned if p == problem]
+        starts = defaults_for(problem, self.gpu) + [c for p, c in tuned if p == problem]
         neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
                             key=lambda item: (item[0], item[1].canonical_json()))
         starts += [c for d, c in neighbours[:4] if math.isfinite(d)]

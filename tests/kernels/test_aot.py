@@ -128,3 +128,59 @@ def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
         rotated = name.split()[2] == "True"
         assert wgmma == rotated, name
         assert shared <= SHARED_MEMORY_LIMIT[(9, 0)], name
+
+
+GLUON = dict(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64)
+GLUON_SAMPLE = [
+    (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)),
+    (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False)),
+    (FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1, consumer_regs=232)),
+    (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
+     KernelConfig(**GLUON, BLOCK_N=64, num_stages=4, persistent=1, causal_mode="masked")),
+]
+
+
+@pytest.fixture(scope="module")
+def gluon_results():
+    out = {}
+    for problem, config in GLUON_SAMPLE:  # one problem each: one pool per call is cheap enough
+        (out[(problem, config)],) = compile_many([config], problem, jobs=1)
+    return out
+
+
+@pytest.mark.parametrize("problem, config", GLUON_SAMPLE, ids=[f"{c.name}-{p.key}" for p, c in GLUON_SAMPLE])
+def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
+    """Each Gluon variant compiles for sm_90 into FlashAttention-3's parts: a producer that
+    gives up registers (setmaxnreg.dec) to consumers that take them (inc to
+    consumer_regs), TMA bulk copies, mbarrier waits and async wgmma, with host-encoded
+    descriptors (no tensormap built on the device) and within Hopper's shared memory."""
+    result = gluon_results[(problem, config)]
+    assert result.status == "ok", result.error
+    (kernel,) = result.kernels
+    counts = dict(kernel.instructions)
+    budgets = [int(b.split()[1]) for b in kernel.setmaxnreg if b.startswith("dec")]
+    assert min(budgets) <= 512 - config.consumers * config.consumer_regs  # the producer's
+    assert f"inc {config.consumer_regs}" in kernel.setmaxnreg
+    assert counts["wgmma.mma_async"] > 0 and counts["cp.async.bulk.tensor"] >= 4
+    assert counts["mbarrier.try_wait"] > 0 and counts["tensormap.replace"] == 0
+    assert 0 < kernel.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
+
+
+def test_gluon_variants_past_shared_memory_are_statuses():
+    """Two Q buffers, an output buffer and three 128x128 K/V stages need 256 KB."""
+    config = KernelConfig(**GLUON, BLOCK_N=128, num_stages=3, persistent=1)
+    (result,) = compile_many([config], CAUSAL, jobs=1)
+    assert result.status == "out_of_resources" and result.kernels[0].shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
+
+
+def test_reports_registers_and_spills():
+    """The report reads ptxas's allotment from the cubin: FlashAttention-3's two 64-row
+    consumers keep their accumulators in registers (no stack), while one consumer holding
+    128 rows spills (why the search space leaves it out)."""
+    two = KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)
+    one = KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=128, BLOCK_N=128, num_stages=2,
+                       consumers=1)
+    fits, spills = (compile_many([c], CAUSAL, jobs=1)[0].kernels[0] for c in (two, one))
+    assert fits.registers and fits.stack_bytes == 0
+    assert spills.stack_bytes > 512

@@ -96,3 +96,34 @@ def test_tidy_normalises_blank_lines():
     assert render.tidy(messy) == (
         'import a\n\nX = 1\n\n\n@dec\ndef f():\n    """Doc.\n\n    More."""\n    return 1\n\n\nY = 2\n'
     )
+
+
+GLUON_SAMPLE = [
+    KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2),
+    KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64, num_stages=3,
+                 overlap=False, persistent=1, causal_mode="masked"),
+    KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2,
+                 pingpong=True, persistent=1),
+]
+
+
+@pytest.mark.parametrize("config", GLUON_SAMPLE, ids=lambda c: c.name)
+def test_gluon_modules_hold_gluon_kernels_only(config):
+    """The Gluon template renders @gluon.jit functions over Gluon's Hopper API, its glossary
+    spelling the schedule, and the same KernelModule interface as the Triton ones."""
+    rendered = render.render(config)
+    assert rendered.source.startswith(f'"""{config.name}:') and "{{" not in rendered.source
+    tree = ast.parse(rendered.source)
+    imports = {node.module if isinstance(node, ast.ImportFrom) else alias.name
+               for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    assert imports == {"triton.experimental", "triton.experimental.gluon",
+                       "triton.experimental.gluon.language.nvidia.hopper"}
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert all(any(ast.unparse(d) == "gluon.jit" for d in f.decorator_list) for f in functions)
+    assert config.name in {f.name for f in functions}
+    assert f"OVERLAP = {config.overlap}" in rendered.source and f"PINGPONG = {config.pingpong}" in rendered.source
+    assert ("_turn_wait" in rendered.source) == config.pingpong
+    assert f"Q_BUFS = gl.constexpr({2 if config.persistent else 1})" in rendered.source
+    assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
+    assert {"CONFIG", "KERNELS"} <= assigned
+    assert len({render.render(c).sha256 for c in GLUON_SAMPLE}) == len(GLUON_SAMPLE)

@@ -111,3 +111,33 @@ def test_warp_specialize_refused_for_causal_and_ragged_lengths():
         attention(q, k, v, causal=True, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc", "num_stages": 2})
     with pytest.raises(ConfigError, match="multiple of BLOCK_N"):
         attention(q, k, v, config={"warp_specialize": True, "BLOCK_N": 16, "access": "tensor_desc", "num_stages": 2})
+
+
+GLUON = {"language": "gluon", "access": "tensor_desc", "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gluon_refused_where_it_cannot_run(dtype):
+    """The interpreter cannot run Gluon: a Gluon config on CPU tensors is a clear error, not a
+    silent Triton run (fp32 is refused too: the kernels are fp16/bf16)."""
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, dtype=dtype)
+    with pytest.raises(ConfigError, match="gluon") as info:
+        attention(q, k, v, config=GLUON)
+    assert info.value.parameter == "language"
+
+
+def test_gluon_default_falls_back_to_triton(monkeypatch):
+    """A dispatched Gluon default (Hopper) that cannot read these tensors runs the Triton
+    default instead: here CPU tensors, as if the dispatcher saw a Hopper GPU."""
+    from fa_autotune.runtime import api, dispatch
+    from fa_autotune.spec.target import GpuInfo
+
+    hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+    monkeypatch.setattr(api, "gpu_of", lambda device_type, index: hopper)
+    monkeypatch.setattr(dispatch, "gpu_of", lambda device_type, index: hopper)
+    monkeypatch.setenv("FA_AUTOTUNE_DISABLE_TUNED", "1")
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 128)
+    problem = api._plain_problem(q, k, v, True, "top_left")
+    choice = api._dispatched(problem, q, k, v)
+    assert choice.source == "default" and choice.config.language == "triton"
+    api.check_config(choice.config, problem, q, k, v)  # runnable on these tensors

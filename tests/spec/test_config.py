@@ -40,3 +40,50 @@ def test_from_mapping_round_trip():
     assert KernelConfig.from_mapping(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError):
         KernelConfig.from_mapping({"BLOCK_M": 64.0})
+
+
+GLUON = dict(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2)
+
+
+def test_gluon_names_spell_the_schedule():
+    assert KernelConfig(**GLUON).name == "attn_fwd_gluon_m64x2n128_s2_r240_cband_ov"
+    cfg = KernelConfig(**GLUON, overlap=True, pingpong=True, persistent=1, consumer_regs=232)
+    assert cfg.name == "attn_fwd_gluon_m64x2n128_s2_r232_cband_ov_pp_pers1"
+    assert KernelConfig(**dict(GLUON, overlap=False, causal_mode="masked")).name.endswith("_cmask")
+
+
+def test_triton_configs_keep_their_canonical_json():
+    """Configs stored before the Gluon knobs existed keep their keys (no re-tune, no orphans)."""
+    text = KernelConfig().canonical_json()
+    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong"):
+        assert f'"{name}"' not in text
+    assert json.loads(KernelConfig(**GLUON).canonical_json())["language"] == "gluon"
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(access="pointer"), "access"),
+    (dict(num_warps=8), "num_warps"),
+    (dict(BLOCK_M=32), "BLOCK_M"),
+    (dict(BLOCK_N=32), "BLOCK_N"),
+    (dict(num_stages=5), "num_stages"),
+    (dict(persistent=2), "persistent"),
+    (dict(consumer_regs=252), "consumer_regs"),  # 2 x 252 leaves the producer 8 registers
+    (dict(consumer_regs=236), "consumer_regs"),  # not a multiple of 8
+    (dict(consumers=4, consumer_regs=120), "consumers"),
+    (dict(consumers=3), "consumer_regs"),  # 3 x 240 registers: the producer has none left
+    (dict(pingpong=True, overlap=False), "pingpong"),
+    (dict(pingpong=True, consumers=1), "pingpong"),
+    (dict(warp_specialize=True), "warp_specialize"),
+    (dict(q_tiles=2), "q_tiles"),
+    (dict(language="cuda"), "language"),
+])
+def test_gluon_configs_are_validated(changes, field):
+    with pytest.raises(ConfigError) as info:
+        KernelConfig.from_mapping(dict(GLUON, **changes))
+    assert info.value.parameter == field
+
+
+def test_triton_configs_refuse_gluon_knobs():
+    for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232)):
+        with pytest.raises(ConfigError, match="only language='gluon'"):
+            KernelConfig.from_mapping({name: value})

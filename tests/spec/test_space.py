@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 
@@ -27,8 +28,9 @@ def test_arch_overrides_and_grid():
     assert hopper and all(c.loop_order == "q_outer" for c in hopper)  # kv_outer/split_kv excluded at N=4096
     assert any(c.warp_specialize for c in hopper) and any(c.access == "tensor_desc" for c in hopper)
     assert all(c.num_stages == 2 for c in hopper if c.warp_specialize)
-    # a persistent grid only under warp specialization; the FP8 knobs stay at their defaults
-    assert any(c.persistent for c in hopper) and all(c.warp_specialize for c in hopper if c.persistent)
+    # a persistent grid only under warp specialization or in Gluon; the FP8 knobs stay at their defaults
+    assert any(c.persistent for c in hopper)
+    assert all(c.warp_specialize or c.language == "gluon" for c in hopper if c.persistent)
     assert {(c.fp8_pv, c.tile_order) for c in hopper} == {("separate", "seq")}
     fp8 = space.for_arch("sm90").grid(problem.with_dtype("float8_e4m3fn"))
     assert {c.fp8_pv for c in fp8} == {"separate", "inplace"} and {c.tile_order for c in fp8} == {"seq", "head"}
@@ -109,3 +111,23 @@ def test_load_from_path(tmp_path):
     assert space.path == str(path) and space.grid(Problem(1, 1, 1, 64, 64, 64, "float16"))
     with pytest.raises(SearchSpaceError, match="does not exist"):
         load_space(tmp_path / "nope.yaml")
+
+
+def test_gluon_configs_only_on_hopper_and_only_valid_ones():
+    """sm90 adds FlashAttention-3 in Gluon with its own knobs (two consumers, three at D <= 64:
+    one ran at 0.28x);
+    other architectures, FP8 and fp32 problems get Triton kernels only."""
+    space = load_space()
+    problem = Problem(4, 16, 16, 4096, 4096, 128, "bfloat16", causal=True)
+    hopper = space.for_arch("sm90").grid(problem)
+    gluon = [c for c in hopper if c.language == "gluon"]
+    assert gluon and len(gluon) < len(hopper)
+    assert all(c.access == "tensor_desc" and c.num_warps == 4 and c.consumers == 2 and c.BLOCK_M == 64 for c in gluon)
+    assert {c.persistent for c in gluon} == {0, 1} and {c.overlap for c in gluon} == {True, False}
+    assert any(c.pingpong for c in gluon) and all(c.overlap for c in gluon if c.pingpong)
+    assert {c.causal_mode for c in gluon} == {"split", "masked"}
+    d64 = [c for c in space.for_arch("sm90").grid(dataclasses.replace(problem, head_dim=64)) if c.language == "gluon"]
+    assert {(c.consumers, c.consumer_regs) for c in d64} == {(2, 232), (2, 240), (3, 160)}
+    assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
+    for dtype in ("float32", "float8_e4m3fn"):
+        assert not any(c.language == "gluon" for c in space.for_arch("sm90").grid(problem.with_dtype(dtype)))

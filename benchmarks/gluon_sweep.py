@@ -1,0 +1,147 @@
+"""Gluon FlashAttention-3 variants against cuDNN and the dispatched Triton kernel, side by
+side on one GPU: every output checked against float32 first, then interleaved timing rounds.
+
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers] [--quick]
+
+Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
+and variant), and prints the markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fa_autotune.bench import Bench, _prepared  # noqa: E402
+from fa_autotune.spec.config import KernelConfig  # noqa: E402
+from fa_autotune.spec.problem import Problem  # noqa: E402
+from fa_autotune.spec.target import environment  # noqa: E402
+from fa_autotune.tune.inputs import random_inputs  # noqa: E402
+from fa_autotune.tune.measure import time_callable  # noqa: E402
+from fa_autotune.tune.reference import compare, reference_attention  # noqa: E402
+
+G = dict(language="gluon", access="tensor_desc", num_warps=4)
+VARIANT_SETS = {
+    # 2026-12-01-h200-gluon-sweep.md: the schedule knobs
+    "schedule": {
+        "m64x2 n128 s2": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2),
+        "m64x2 n128 s2 plain": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False),
+        "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "m64x2 n128 s2 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, persistent=1),
+        "m64x2 n128 s2 pp pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1),
+        "m64x2 n64 s3 pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, persistent=1),
+        "m64x2 n64 s3 plain pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, overlap=False, persistent=1),
+    },
+    # 2026-12-01-h200-gluon-sweep-consumers.md: two consumer warpgroups against three
+    "consumers": {
+        "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "m64x2 n128 s2 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, persistent=1),
+        "m64x2 n128 s2 pp pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1),
+        "m64x3 n128 s2 r160 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                        persistent=1),
+        "m64x3 n128 s2 r160 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3,
+                                              consumer_regs=160, overlap=False, persistent=1),
+        "m64x3 n64 s2 r160 pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3, consumer_regs=160,
+                                       persistent=1),
+        "m64x3 n64 s2 r160 plain pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3,
+                                             consumer_regs=160, overlap=False, persistent=1),
+    },
+}
+
+
+def problems(quick: bool) -> list[Problem]:
+    out = []
+    for dtype in ("bfloat16", "float16"):
+        out += [Problem(1, 16, 16, 16384, 16384, 128, dtype), Problem(4, 16, 16, 4096, 4096, 128, dtype, True),
+                Problem(16, 16, 16, 1024, 1024, 128, dtype, True), Problem(4, 32, 32, 4096, 4096, 64, dtype),
+                Problem(16, 32, 32, 1024, 1024, 64, dtype, True),
+                Problem(2, 32, 8, 8192, 8192, 128, dtype, True)]
+        if quick:
+            break
+    return out
+
+
+def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dict:
+    q, k, v = random_inputs(problem, "cuda", seed=0)
+    ref, _ = reference_attention(q, k, v, causal=problem.causal)
+    bench = Bench(("tuned", "cudnn"), None)
+    calls, contexts, detail, rows = {}, {}, {}, {}
+    for provider in ("cudnn", "tuned"):
+        fn, context, detail[provider] = bench.callable_for(provider, problem, q, k, v)
+        calls[provider], contexts[provider] = fn, context
+    for name, params in variants.items():
+        if params.get("causal_mode") == "masked" and not problem.causal:
+            continue
+        config = KernelConfig.from_mapping(params)
+        try:
+            fn = _prepared(config, problem, q, k, v)
+            report = compare(fn(), ref)
+        except Exception as exc:  # a variant that cannot run is a result
+            rows[name] = {"config": config.name, "status": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if not report.passes(problem.dtype):
+            rows[name] = {"config": config.name, "status": "wrong_result", "rel_error": report.rel}
+            continue
+        rows[name] = {"config": config.name, "status": "ok", "rel_error": report.rel}
+        calls[name] = fn
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            context = contexts.get(name)
+            if context is not None:
+                with context():
+                    samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
+            else:
+                samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
+    for name, values in samples.items():
+        ms = statistics.median(values)
+        row = rows.setdefault(name, {"config": detail.get(name, name), "status": "ok"})
+        row.update(ms=ms, tflops=problem.tflops(ms), vs_cudnn=statistics.median(samples["cudnn"]) / ms)
+    return {"problem": problem.key, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="bf16 only")
+    parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    args = parser.parse_args()
+    results = []
+    for problem in problems(args.quick):
+        results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
+        print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)
+    summary = {"environment": environment(), "rounds": args.rounds, "results": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gluon_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
+    env = summary["environment"]
+    names = ["cudnn", "tuned", *VARIANT_SETS[args.set]]
+    lines = [f"# Gluon FlashAttention-3 variants on {env.get('gpu')} ({env['date']})", "",
+             f"torch {env['torch']}, triton {env['triton']}, cuDNN {env['cudnn']}, templates {env['template_hash']}; "
+             f"median of {args.rounds} interleaved rounds of {args.rep_ms:.0f} ms; `tuned` is the dispatched Triton "
+             "kernel. TFLOPS (ratio to cuDNN); every output checked against float32 first.", "",
+             "| problem | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for r in results:
+        cells = []
+        for name in names:
+            row = r["rows"].get(name)
+            if row is None:
+                cells.append("-")
+            elif "tflops" in row:
+                cells.append(f"{row['tflops']:.0f} ({row['vs_cudnn']:.2f}x)")
+            else:
+                cells.append(row["status"][:40])
+        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+    (args.out / "gluon_sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

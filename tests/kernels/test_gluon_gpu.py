@@ -1,0 +1,84 @@
+"""The Gluon FlashAttention-3 kernels on the GPU (``pytest -m gpu``; Hopper only: the
+interpreter cannot run Gluon): the same correctness matrix as the Triton kernels, in fp16
+and bf16, for every schedule knob."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_autotune import attention
+from helpers import assert_close_to_reference, make_qkv
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                       reason="Gluon's FlashAttention-3 kernels need a Hopper GPU"),
+]
+BASE = dict(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2)
+KNOBS = {
+    "2c-overlap": {},
+    "2c-plain": dict(overlap=False),
+    "2c-pingpong-persistent": dict(pingpong=True, persistent=1),
+    "2c-plain-persistent": dict(overlap=False, persistent=1),
+    "3c-n64-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1),
+    "2c-n64-s3": dict(BLOCK_N=64, num_stages=3),
+    "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
+    "1c-m64-masked": dict(consumers=1, causal_mode="masked", num_stages=3),
+}
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, align)
+SHAPES = {
+    "causal-gqa-1000-d128": (2, 8, 2, 1000, 1000, 128, True, "top_left"),
+    "full-4097-d64": (2, 4, 4, 4097, 4097, 64, False, "top_left"),
+    "causal-br-q300-k2000-d80": (1, 8, 8, 300, 2000, 80, True, "bottom_right"),
+    "causal-br-q50-k21-d96-emptyrows": (2, 4, 4, 50, 21, 96, True, "bottom_right"),
+    "causal-tl-q700-k190-d128-mqa": (1, 8, 1, 700, 190, 128, True, "top_left"),
+    "full-q1-k3000-d128": (3, 8, 2, 1, 3000, 128, False, "top_left"),
+    "causal-768tiles-d128": (4, 16, 16, 1500, 1500, 128, True, "top_left"),  # persistent: ~6 tiles a program
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("knob", list(KNOBS))
+def test_matrix(knob, shape, dtype):
+    b, hq, hkv, nq, nk, d, causal, align = SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **KNOBS[knob]),
+                         return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+@pytest.mark.parametrize("persistent", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_flash_attn_layout_and_long_sequences(dtype, persistent):
+    """(B, N, H, D) storage viewed as (B, H, N, D): the rank-4 descriptors read any TMA-legal
+    strides, and the output keeps the layout."""
+    q, k, v = make_qkv(2, 16, 4, 4096, 4096, 128, dtype, "cuda", layout="bnhd")
+    out = attention(q, k, v, causal=True, config=dict(BASE, persistent=persistent))
+    assert out.stride() == q.stride()
+    assert_close_to_reference(out, q, k, v, causal=True)
+
+
+def test_every_output_element_written():
+    q, k, v = make_qkv(2, 4, 4, 333, 333, 64, torch.float16, "cuda")
+    out = torch.full_like(q, float("nan"))
+    from fa_autotune.kernels.launcher import run, resolve_scale
+    from fa_autotune.spec.config import KernelConfig
+    from fa_autotune.spec.problem import problem_from_tensors
+
+    problem = problem_from_tensors(q, k, v, causal=True)
+    run(KernelConfig(**BASE, persistent=1), problem, q, k, v, resolve_scale(None, 64), out, None)
+    assert torch.isfinite(out).all()
+    assert_close_to_reference(out, q, k, v, causal=True)
+
+
+def test_unreadable_layout_degrades_to_triton(monkeypatch, tmp_path):
+    """A dispatched Gluon config cannot take a head dim that is not contiguous (TMA): the
+    dispatcher runs the built-in Triton default instead of failing."""
+    import fa_autotune
+    from fa_autotune.runtime import api
+
+    q, k, v = make_qkv(1, 4, 4, 256, 256, 64, torch.float16, "cuda")
+    q = q.transpose(2, 3).contiguous().transpose(2, 3)
+    assert api._adapt(fa_autotune.KernelConfig(**BASE), api._plain_problem(q, k, v, False, "top_left"), q, k, v) is None
+    assert_close_to_reference(attention(q, k, v), q, k, v)

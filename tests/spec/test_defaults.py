@@ -1,0 +1,40 @@
+"""The built-in configs: FlashAttention-3 in Gluon where it was measured to win (Hopper,
+fp16/bf16, 64 < D <= 128), the Triton kernels elsewhere and as the Gluon kernel's stand-in."""
+from __future__ import annotations
+
+import pytest
+
+from fa_autotune.spec.defaults import GLUON_DEFAULT, default_config, defaults_for
+from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.target import GpuInfo
+
+HOPPER = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+AMPERE = GpuInfo("NVIDIA A100", "8.0", 108, 1, "1")
+
+
+@pytest.mark.parametrize("head_dim", [80, 96, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_hopper_prefill_defaults_to_gluon(head_dim, dtype):
+    problem = Problem(2, 16, 4, 4096, 4096, head_dim, dtype, causal=True)
+    assert default_config(problem, (9, 0)) == GLUON_DEFAULT
+    first, second = defaults_for(problem, HOPPER)
+    assert first.language == "gluon" and second.language == "triton"
+    assert second == default_config(problem, (9, 0), gluon=False)
+
+
+@pytest.mark.parametrize("problem, capability", [
+    (Problem(2, 16, 16, 4096, 4096, 64, "float16"), (9, 0)),  # D=64: the Triton kernel won
+    (Problem(2, 16, 16, 4096, 4096, 256, "float16"), (9, 0)),  # D=256: Gluon tiles do not fit
+    (Problem(2, 16, 16, 4096, 4096, 128, "float32"), (9, 0)),
+    (Problem(2, 16, 16, 4096, 4096, 128, "float8_e4m3fn"), (9, 0)),
+    (Problem(2, 16, 16, 1, 4096, 128, "float16"), (9, 0)),  # decode: split-KV
+    (Problem(2, 16, 16, 4096, 4096, 128, "float16"), (8, 0)),
+    (Problem(2, 16, 16, 4096, 4096, 128, "float16"), (10, 0)),  # Gluon's wgmma is Hopper's
+    (Problem(2, 16, 16, 4096, 4096, 128, "float16"), None),  # the interpreter
+])
+def test_triton_elsewhere(problem, capability):
+    assert default_config(problem, capability).language == "triton"
+
+
+def test_one_default_where_gluon_is_not_picked():
+    assert len(defaults_for(Problem(2, 16, 16, 4096, 4096, 128, "float16"), AMPERE)) == 1
