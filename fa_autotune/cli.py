@@ -110,6 +110,7 @@ def _tune(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     gpu = detect_gpu()
     problems = _tune_problems(args, space, gpu)
+    _check_tunable(problems, gpu)
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
@@ -136,6 +137,24 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     return _matching(problems, args) if args.match else problems
 
 
+# Interpreter work per trial grows with B * H * N_q * N_k * D; above this a trial takes minutes.
+_INTERPRETER_WORK = 2 * 4 * 256 * 256 * 64
+
+
+def _check_tunable(problems: list, gpu) -> None:
+    """Refuse what a tune cannot measure (an empty problem; bf16 in the interpreter, whose
+    bf16 dot is wrong) before any trial runs, and warn where the interpreter will crawl."""
+    for p in problems:
+        if p.is_empty:
+            raise FaAutotuneError(f"{p.key}: an empty problem (no query rows or keys) has nothing to tune")
+        if gpu.is_interpreter and p.dtype == "bfloat16":
+            raise FaAutotuneError(f"{p.key}: bfloat16 cannot be tuned in Triton's interpreter (its bf16 dot products "
+                                  "are wrong, every trial would fail as wrong_result); use --dtype fp16 here, or a GPU")
+        if gpu.is_interpreter and p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim > _INTERPRETER_WORK:
+            print(f"Warning: no GPU here, and {p.key} is large for Triton's interpreter (minutes per trial); "
+                  "try e.g. --batch 1 --heads 2 --seqlen 64 --head-dim 32", file=sys.stderr)
+
+
 def _matching(problems: list, args: argparse.Namespace) -> list:
     """The problems whose key contains each comma-separated part of --match."""
     wanted = [w.strip() for w in args.match.split(",") if w.strip()]
@@ -151,7 +170,7 @@ def _query(args: argparse.Namespace) -> int:
     from .store import connect, queries
     from .store.filters import Filters
 
-    db = connect(args.db)
+    db = connect(args.db, readonly=True)
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
                               status=args.status, problem=args.problem)
     if args.what == "best":
@@ -193,7 +212,7 @@ def _export(args: argparse.Namespace) -> int:
     from .runtime.files import export
     from .store import connect
 
-    paths = export(connect(args.db), args.out, args.gpu)
+    paths = export(connect(args.db, readonly=True), args.out, args.gpu)
     if not paths:
         print("nothing to export: the database has no tuned winners" + (f" for GPU {args.gpu!r}" if args.gpu else ""),
               file=sys.stderr)
@@ -222,7 +241,7 @@ def _report(args: argparse.Namespace) -> int:
     from .store.filters import Filters
 
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
-    paths = write_report(connect(args.db), args.out, filters)
+    paths = write_report(connect(args.db, readonly=True), args.out, filters)
     for path in paths:
         print(path)
     return 0 if paths else 1

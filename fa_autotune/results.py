@@ -19,7 +19,7 @@ __all__ = ["best", "pareto", "trials", "failures", "compare", "coverage", "searc
 
 
 def _db(db: Database | str | None) -> Database:
-    return db if isinstance(db, Database) else connect(db)
+    return db if isinstance(db, Database) else connect(db, readonly=True)
 
 
 def best(db: Database | str | None = None, **filters: Any) -> list[Winner]:

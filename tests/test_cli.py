@@ -136,3 +136,37 @@ def test_compile_command_reports_a_gluon_kernel_for_hopper(env):
     (kernel,) = report["kernels"]
     assert "inc 240" in kernel["setmaxnreg"] and kernel["uses_wgmma"]
     assert dict(kernel["instructions"])["cp.async.bulk.tensor"] > 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch", "1", "--heads", "2", "--seqlen", "0", "--head-dim", "16"], "empty problem"),
+    ([*TINY, "--dtype", "bf16"], "bfloat16 cannot be tuned in Triton's interpreter"),
+])
+def test_tune_refuses_what_it_cannot_measure(env, db_url, flags, message):
+    """An empty problem, or bf16 where the interpreter computes it wrong: a one-line refusal
+    before any trial, and nothing stored."""
+    result = cli("tune", *flags, "--trials", "1", "--db", db_url, env=env, check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert not os.path.exists(db_url.removeprefix("sqlite:///")) or measurements(db_url) == []
+
+
+def test_reading_commands_never_write(env, tmp_path):
+    """`query`, `export` and `report` on another application's SQLite file or on a path
+    that does not exist: a one-line refusal, and the file (or its absence) untouched: no
+    fa_ tables, no WAL switch, no directories."""
+    other = tmp_path / "otherapp.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    before = other.read_bytes()
+    missing = tmp_path / "nowhere" / "deeper" / "db.sqlite"
+    for url in (f"sqlite:///{other}", f"sqlite:///{missing}"):
+        for args in (["query", "best"], ["export", "--out", str(tmp_path / "exported")],
+                     ["report", "--out", str(tmp_path / "report")]):
+            result = cli(*args, "--db", url, env=env, check=False)
+            assert result.returncode == 2 and "no fa_autotune results" in result.stderr, (args, result.stderr)
+            assert "Traceback" not in result.stderr
+    assert other.read_bytes() == before and not (tmp_path / "otherapp.sqlite-wal").exists()
+    with sqlite3.connect(other) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "exported").exists()

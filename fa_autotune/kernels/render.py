@@ -9,11 +9,12 @@ their constants only (:class:`KernelModule`); launching them is :mod:`.launcher`
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import types
 import os
 import sys
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -135,12 +136,22 @@ def _blank_lines_before(line: str, previous: list[str]) -> int:
 
 
 def write_module(rendered: RenderedKernel, directory: Path | None = None) -> Path:
-    """Write the module into the kernel cache unless identical bytes are already there."""
-    directory = Path(directory) if directory is not None else kernel_cache_dir()
+    """Write the module into the kernel cache unless identical bytes are already there. A
+    cache directory that cannot be written (read-only, a file, /proc) is replaced by a
+    private temporary one for this process, with one warning naming it."""
+    if directory is not None:
+        return _write(rendered, Path(directory))
+    try:
+        return _write(rendered, kernel_cache_dir())
+    except OSError as exc:
+        return _write(rendered, _fallback_cache(kernel_cache_dir(), exc))
+
+
+def _write(rendered: RenderedKernel, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{rendered.module_name}.py"
     data = rendered.source.encode()
-    if path.exists() and path.read_bytes() == data:
+    if path.is_file() and path.read_bytes() == data:
         return path
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".py")
     try:
@@ -153,6 +164,20 @@ def write_module(rendered: RenderedKernel, directory: Path | None = None) -> Pat
     return path
 
 
+_FALLBACK: list[Path] = []
+
+
+def _fallback_cache(wanted: Path, exc: OSError) -> Path:
+    with _LOCK_FALLBACK:
+        if not _FALLBACK:
+            _FALLBACK.append(Path(tempfile.mkdtemp(prefix="fa_autotune-kernels-")))
+            warnings.warn(f"kernel cache {wanted} is not writable ({exc.strerror or exc}); rendered kernels go to "
+                          f"{_FALLBACK[0]} for this process (set FA_AUTOTUNE_CACHE to a writable directory)",
+                          RuntimeWarning, stacklevel=4)
+        return _FALLBACK[0]
+
+
+_LOCK_FALLBACK = threading.Lock()
 _LOCK = threading.Lock()
 _MODULES: dict[str, KernelModule] = {}
 
@@ -171,15 +196,15 @@ def load_module(config: KernelConfig) -> KernelModule:
 
 
 def _import(rendered: RenderedKernel) -> KernelModule:
+    """Execute the rendered source itself (never a ``__pycache__`` file beside it, which
+    nothing verifies), under the path Triton reads the kernels' source from."""
     path = write_module(rendered)
     name = f"fa_autotune_kernels.{rendered.module_name}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise TemplateError(f"cannot import rendered kernel {path}")
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(rendered.source, str(path), "exec", dont_inherit=True), module.__dict__)
     except Exception as exc:
         sys.modules.pop(name, None)
         raise TemplateError(f"rendered kernel {path} failed to import: {exc}") from exc

@@ -9,6 +9,7 @@ so graphs compile without breaks.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -60,6 +61,7 @@ def attention(
     results for this GPU, else a built-in default). CPU tensors run in Triton's
     interpreter (slow; for tests).
     """
+    _refuse_grad(q, k, v)
     if torch.compiler.is_compiling():
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
     if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
@@ -75,6 +77,13 @@ def attention(
             plan.launch(q, k, v, out, lse)
             return (out, lse) if return_lse else out
     return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
+
+
+def _refuse_grad(*tensors) -> None:
+    """There is no backward yet: an output without grad_fn would silently cut the graph."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+        raise InputError("inputs require grad, but fa_autotune has no attention backward yet: call it under "
+                         "torch.no_grad() / torch.inference_mode(), or pass detached tensors")
 
 
 def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
@@ -126,6 +135,7 @@ def attention_fp8(
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
     fp16/bf16, else bfloat16); otherwise as :func:`attention`.
     """
+    _refuse_grad(q, k, v, *((q.q, q.k, q.v) if isinstance(q, Fp8Inputs) else ()))
     if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
         raise InputError(f"max_error must be a positive number, got {max_error!r}")
     if isinstance(q, Fp8Inputs):
@@ -290,7 +300,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
         "kernel": choice.config.name,
         "problem": problem.key,
         "matched_problem": choice.matched.key if choice.matched is not None else None,
-        "distance": choice.distance,
+        "distance": choice.distance if math.isfinite(choice.distance) else None,  # JSON has no Infinity
         "origin": choice.origin,
     }
 

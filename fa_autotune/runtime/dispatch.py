@@ -195,6 +195,9 @@ def _file_source(directory: Path, gpu: GpuInfo, kind: str, warn) -> list[_Source
     except FaAutotuneError as exc:
         warn(f"ignoring {exc}")
         return []
+    except Exception as exc:  # anything else a file can provoke must not break attention() either
+        warn(f"ignoring {path}: {type(exc).__name__}: {exc}")
+        return []
     if not tuned.gpu.same_model(gpu):
         warn(f"ignoring {path}: it was tuned on {tuned.gpu.name} (sm_{tuned.gpu.capability})")
         return []
@@ -207,17 +210,17 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
     url = default_db_url()
     if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
         return None  # never create a database just to look into it
-    try:
-        from ..store import connect  # SQLAlchemy only when there is a database to read
-        from ..store.tuned import tuned_for
+    from ..store import connect, safe_url  # SQLAlchemy only when there is a database to read
+    from ..store.tuned import tuned_for
 
-        db = connect(url)
+    try:
+        db = connect(url, readonly=True)  # creates and migrates nothing
         try:
             return tuned_for(db, gpu, prefer_triton=triton.__version__)
         finally:
             db.dispose()
-    except Exception as exc:  # an unreachable database must not break attention()
-        warn(f"cannot read tuned results from {url}: {exc}")
+    except Exception as exc:  # an unreachable or foreign database must not break attention()
+        warn(f"cannot read tuned results from {safe_url(url)}: {exc}")
         return None
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ConfigFileError, InputError
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
-from ..spec.target import GpuInfo, SoftwareInfo
+from ..spec.target import INTERPRETER, GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Tuned, Winner
 
 if TYPE_CHECKING:
@@ -71,14 +72,22 @@ def load(path: str | Path) -> Tuned:
     """Read and validate a config file completely; its origin is the path."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         hint = " (truncated?)" if exc.pos >= len(text.rstrip()) - 1 else ""
         raise ConfigFileError(f"{path}: not valid JSON{hint}: {exc.msg} at line {exc.lineno}") from None
+    except _DuplicateKey as exc:
+        raise ConfigFileError(f"{path}: duplicate key {exc.args[0]!r} (a second copy would silently win)") from None
+    except RecursionError:
+        raise ConfigFileError(f"{path}: nested too deeply to be a config file") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ConfigFileError(f"{path}: not an fa_autotune config file (schema {_get(data, 'schema')!r}, "
                               f"expected {SCHEMA!r})")
@@ -97,10 +106,26 @@ def load(path: str | Path) -> Tuned:
         raise ConfigFileError(f"{path}: 'entries' must be an object of problem key -> entry")
     winners, fronts = [], []
     for key, value in sorted(entries.items()):
-        winner, front = _entry(path, key, value, gpu)
+        try:
+            winner, front = _entry(path, key, value, gpu)
+        except (ValueError, TypeError, OverflowError) as exc:  # a value no check above foresaw
+            raise ConfigFileError(f"{path}: entries[{key!r}]: {exc}") from None
         winners.append(winner)
         fronts.extend(front)
     return Tuned(gpu, tuple(winners), tuple(fronts), str(path))
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _get(data: Any, key: str) -> Any:
@@ -114,7 +139,18 @@ def _gpu(path: Path, raw: Any) -> GpuInfo:
     for name, kind in fields.items():
         if not isinstance(raw[name], kind) or isinstance(raw[name], bool):
             raise ConfigFileError(f"{path}: gpu.{name} must be {kind.__name__}, got {raw[name]!r}")
+    if not (0 < len(raw["name"]) <= _MAX_NAME and raw["name"].isprintable()):
+        raise ConfigFileError(f"{path}: gpu.name must be 1..{_MAX_NAME} printable characters")
+    if raw["capability"] != INTERPRETER and not re.fullmatch(r"\d{1,2}\.\d{1,2}", raw["capability"]):
+        raise ConfigFileError(f"{path}: gpu.capability must look like '9.0', got {raw['capability']!r}")
+    if not (0 <= raw["sm_count"] <= 100_000 and 0 <= raw["memory_mb"] <= 100_000_000):
+        raise ConfigFileError(f"{path}: gpu.sm_count / memory_mb out of range ({raw['sm_count']}, {raw['memory_mb']})")
+    if len(raw["driver"]) > _MAX_NAME or not raw["driver"].isprintable():
+        raise ConfigFileError(f"{path}: gpu.driver must be at most {_MAX_NAME} printable characters")
     return GpuInfo(**raw)
+
+
+_MAX_NAME = 128  # a GPU name becomes a file name on export
 
 
 def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[FrontPoint]]:
@@ -133,13 +169,18 @@ def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[F
         raise ConfigFileError(f"{where}: {exc}") from None
     if problem.key != key:
         raise ConfigFileError(f"{where}: key does not match its problem ({problem.key})")
+    if problem.is_empty:
+        raise ConfigFileError(f"{where}: an empty problem (no query rows or keys) has nothing tuned")
+    if raw.get("pareto") and not problem.is_fp8:
+        raise ConfigFileError(f"{where}: a Pareto front belongs to FP8 problems only, this one is {problem.dtype}")
     for name in ("median_ms", "tflops"):
         value = raw[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigFileError(f"{where}: {name} must be a positive number, got {value!r}")
     rel = raw["rel_error"]
-    if rel is not None and (isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel)):
-        raise ConfigFileError(f"{where}: rel_error must be a number or null, got {rel!r}")
+    if rel is not None and (isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel)
+                            or rel < 0):
+        raise ConfigFileError(f"{where}: rel_error must be a non-negative number or null, got {rel!r}")
     sw = raw["software"]
     names = ("triton", "torch", "cuda", "fa_autotune", "template_hash")
     if not isinstance(sw, dict) or set(sw) != set(names) or not all(isinstance(sw[n], str) for n in names):

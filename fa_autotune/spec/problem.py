@@ -20,6 +20,7 @@ DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32
                  "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
                  "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2"}
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
+MAX_DIM = 2**31 - 1  # sizes and lengths the kernels index with 32-bit program ids
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
 MIN_CAPABILITY = (8, 0)
@@ -61,8 +62,8 @@ class Problem:
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InputError(f"{name} must be a non-negative integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
+                raise InputError(f"{name} must be an integer in 0..{MAX_DIM}, got {value!r}")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         if self.causal_align not in CAUSAL_ALIGNS:
             raise InputError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {self.causal_align!r}")
@@ -76,6 +77,11 @@ class Problem:
             raise InputError(
                 f"head_dim {self.head_dim} is not supported; fa_autotune kernels take {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
             )
+
+    @property
+    def is_empty(self) -> bool:
+        """No query rows or no keys: attention() returns at once, there is nothing to tune."""
+        return 0 in (self.batch, self.heads_q, self.seqlen_q, self.seqlen_k)
 
     @property
     def is_fp8(self) -> bool:
@@ -166,6 +172,9 @@ def problem_from_tensors(
     """Check q, k, v the way SDPA would and describe them as a :class:`Problem`."""
     check_qkv(q, k, v, DTYPES)
     _check_device(q.device)
+    if q.device.type == "cpu" and _dtype_name(q) == "bfloat16":
+        raise InputError("bfloat16 tensors on the CPU: Triton's interpreter computes bfloat16 dot products wrong "
+                         "(NumPy has no bfloat16); use float16 or float32 on the CPU, or CUDA tensors")
     if not isinstance(causal, bool):
         raise InputError(f"causal must be True or False, got {causal!r}")
     return Problem(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.engine import Engine, make_url
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import DatabaseError
 from ..paths import default_db_url
-from .migrations import upgrade
+from .migrations import check_readable, upgrade
 from .models import SchemaVersionModel
 
 BUSY_TIMEOUT_S = 30
@@ -39,29 +39,40 @@ def safe_url(url: str) -> str:
 class Database:
     """An engine, a session factory, and the schema checked and upgraded."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, readonly: bool = False) -> None:
+        """``readonly``: for readers (queries, export, the dispatcher): never create a file,
+        a directory, a table or a migration, never switch SQLite's journal mode; a database
+        without fa_autotune results is a DatabaseError saying so."""
+        self.url, self.readonly = url, readonly
         try:
             parsed = make_url(url)
         except Exception as exc:
-            raise DatabaseError(f"not a database URL: {url!r} ({exc})") from None
+            raise DatabaseError(f"not a database URL: {safe_url(url)} ({exc})") from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         kwargs = {}
+        engine_url: Any = url
         if self.is_sqlite:
-            _prepare_sqlite_path(parsed.database)
             kwargs["connect_args"] = {"timeout": BUSY_TIMEOUT_S}
+            if readonly:
+                engine_url = _readonly_sqlite(parsed)
+            else:
+                _prepare_sqlite_path(parsed.database)
         try:
-            self.engine: Engine = create_engine(url, future=True, **kwargs)
+            self.engine: Engine = create_engine(engine_url, future=True, **kwargs)
         except Exception as exc:  # missing driver, bad options
             raise DatabaseError(f"cannot open database {safe_url(url)}: {exc}") from None
         if self.is_sqlite:
-            event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database))
+            event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database, wal=not readonly))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-            upgrade(self.engine)
+            if readonly:
+                check_readable(self.engine)
+            else:
+                upgrade(self.engine)
         except DatabaseError:
+            self.engine.dispose()
             raise
         except SQLAlchemyError as exc:
             raise DatabaseError(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
@@ -108,12 +119,25 @@ def _prepare_sqlite_path(database: str | None) -> None:
         raise DatabaseError(f"cannot create the directory of SQLite database {database}: {exc}") from None
 
 
-def _sqlite_pragmas(database: str | None):
+def _readonly_sqlite(parsed) -> Any:
+    """A SQLite URL opened read-only (``mode=ro``): a missing file is an error, not a new
+    database, and a read-only filesystem still reads."""
+    database = parsed.database
+    if not database or database == ":memory:":
+        raise DatabaseError("an in-memory database holds no fa_autotune results")
+    if database.startswith("file:"):
+        return parsed
+    if not os.path.isfile(database):
+        raise DatabaseError(f"no fa_autotune results at {database}: no such file")
+    return parsed.set(database=f"file:{os.path.abspath(database)}?mode=ro", query={"uri": "true"})
+
+
+def _sqlite_pragmas(database: str | None, wal: bool = True):
     in_memory = not database or database == ":memory:"
 
     def on_connect(dbapi_connection, _record) -> None:
         cursor = dbapi_connection.cursor()
-        if not in_memory:
+        if not in_memory and wal:
             cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -122,8 +146,8 @@ def _sqlite_pragmas(database: str | None):
     return on_connect
 
 
-def connect(url: str | None = None) -> Database:
-    return Database(url or default_url())
+def connect(url: str | None = None, readonly: bool = False) -> Database:
+    return Database(url or default_url(), readonly)
 
 
 def schema_version(db: Database) -> int:

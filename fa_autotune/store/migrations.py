@@ -52,3 +52,23 @@ def upgrade(engine: Engine) -> int:
             conn.execute(models.SchemaVersionModel.__table__.insert().values(version=version))
         models.Base.metadata.create_all(conn)  # tables added by this version, if any
         return found
+
+
+def check_readable(engine: Engine) -> int:
+    """For readers: the schema version of an fa_autotune database, creating and migrating
+    nothing. Raises DatabaseError when the database holds no fa_autotune results or needs a
+    migration first (any writing command, e.g. ``fa-autotune import``, performs it)."""
+    target = models.SCHEMA_VERSION
+    with engine.connect() as conn:
+        tables = set(inspect(conn).get_table_names())
+        if "fa_schema_version" not in tables:
+            raise DatabaseError("no fa_autotune results in this database")
+        found = conn.execute(
+            select(models.SchemaVersionModel.version).order_by(models.SchemaVersionModel.id.desc()).limit(1)
+        ).scalar()
+    if found is None or found > target:
+        raise DatabaseError(f"database schema version {found} is not one this fa_autotune reads ({target})")
+    if found < target:
+        raise DatabaseError(f"database schema version {found} predates this fa_autotune ({target}); a writing "
+                            "command (tune, import) upgrades it")
+    return found

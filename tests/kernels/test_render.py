@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from fa_autotune import paths
@@ -77,6 +79,42 @@ def test_load_module_imports_from_cache(kernel_cache):
     assert module.CONFIG == config.to_dict()
     assert module.KERNELS["main"].__name__ == config.name
     assert render.load_module(config) is module
+
+
+def test_stale_or_tampered_bytecode_is_never_imported(kernel_cache, monkeypatch):
+    """The module runs from the verified rendered source: a .pyc beside it (tampered, or
+    truncated by a crash) is not read."""
+    config = KernelConfig(BLOCK_M=16, BLOCK_N=32, num_stages=1)
+    path = render.write_module(render.render(config))
+    cache = path.parent / "__pycache__"
+    cache.mkdir()
+    tag = sys.implementation.cache_tag
+    (cache / f"{path.stem}.{tag}.pyc").write_bytes(b"\x00garbage")
+    monkeypatch.setattr(render, "_MODULES", {})
+    module = render.load_module(config)
+    assert module.CONFIG == config.to_dict() and module.__file__ == str(path)
+
+
+@pytest.mark.parametrize("kind", ["file", "readonly"])
+def test_unwritable_cache_falls_back_with_one_warning(tmp_path, monkeypatch, kind):
+    """FA_AUTOTUNE_CACHE naming a regular file or a read-only directory: kernels go to a
+    private temporary directory, with one warning naming the unusable one."""
+    bad = tmp_path / "cache"
+    if kind == "file":
+        bad.write_text("not a directory")
+    else:
+        bad.mkdir()
+        bad.chmod(0o500)
+        if os.access(bad, os.W_OK):  # root ignores permissions
+            bad = Path("/proc/fa_autotune_cache")
+    monkeypatch.setenv("FA_AUTOTUNE_CACHE", str(bad))
+    monkeypatch.setattr(render, "_MODULES", {})
+    monkeypatch.setattr(render, "_FALLBACK", [])
+    with pytest.warns(RuntimeWarning, match="not writable") as caught:
+        module = render.load_module(KernelConfig(BLOCK_M=16, BLOCK_N=16, num_stages=1))
+        render.load_module(KernelConfig(BLOCK_M=32, BLOCK_N=16, num_stages=1))
+    assert len([w for w in caught if "not writable" in str(w.message)]) == 1
+    assert not Path(module.__file__).is_relative_to(bad)
 
 
 def test_refuses_unvalidated_values():

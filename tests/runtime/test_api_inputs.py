@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fa_autotune
 from fa_autotune import ConfigError, InputError, attention
 from helpers import make_qkv
 
@@ -141,3 +142,34 @@ def test_gluon_default_falls_back_to_triton(monkeypatch):
     choice = api._dispatched(problem, q, k, v)
     assert choice.source == "default" and choice.config.language == "triton"
     api.check_config(choice.config, problem, q, k, v)  # runnable on these tensors
+
+
+# ---- never a silently wrong answer (issue 14)
+def test_bf16_on_the_cpu_is_refused():
+    """The interpreter's bf16 dot products are wrong: refused, not returned as garbage."""
+    q, k, v = (torch.randn(1, 2, 32, 32, dtype=torch.bfloat16) for _ in range(3))
+    for call in (lambda: attention(q, k, v), lambda: fa_autotune.explain(q, k, v),
+                 lambda: attention(q, k, v, config={"BLOCK_M": 16, "BLOCK_N": 16})):
+        with pytest.raises(InputError, match="bfloat16 tensors on the CPU"):
+            call()
+
+
+def test_inputs_requiring_grad_are_refused_until_the_backward_exists():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 32)
+    for grad in ("q", "k", "v"):
+        args = {"q": q, "k": k, "v": v}
+        args[grad] = args[grad].clone().requires_grad_()
+        with pytest.raises(InputError, match="no attention backward"):
+            attention(args["q"], args["k"], args["v"])
+        with pytest.raises(InputError, match="no attention backward"):
+            fa_autotune.attention_fp8(args["q"], args["k"], args["v"])
+        with torch.no_grad():  # inference on parameters-like tensors is fine
+            assert attention(args["q"], args["k"], args["v"]).grad_fn is None
+
+
+def test_explain_is_valid_json_without_a_match():
+    import json
+
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 32)
+    info = fa_autotune.explain(q, k, v)
+    assert info["distance"] is None and json.loads(json.dumps(info, allow_nan=False)) == info

@@ -101,11 +101,22 @@ def test_nearest_tuned_problem(isolated):
     (lambda t: t.replace('"BLOCK_M": 16', '"BLOCK_M": 17'), "BLOCK_M"),
     (lambda t: t.replace('"median_ms": 1.0', '"median_ms": -1'), "median_ms must be a positive number"),
     (lambda t: t.replace('"family": "attn_fwd"', '"family": "attn_bwd"'), "kernel family"),
+    # reliability review (issue 14): every bad value a refusal, never a traceback
+    (lambda t: t.encode().replace(b'"float16"', b'"float16\xff"'), "not UTF-8"),
+    (lambda t: "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    (lambda t: t.replace('"median_ms": 1.0', '"median_ms": 1.0, "median_ms": 0.001'), "duplicate key"),
+    (lambda t: t.replace('"rel_error": 0.0001', '"rel_error": -1'), "rel_error must be a non-negative"),
+    (lambda t: t.replace('"batch": 1,', '"batch": 1000000000000000000000000000000,'), "batch must be an integer"),
+    (lambda t: t.replace('"batch": 1,', '"batch": 1e30,'), "batch must be an integer"),
+    (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], sm_count=-5))), "sm_count"),
+    (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], capability="abc"))), "gpu.capability"),
+    (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], name="x" * 400))), "gpu.name"),
 ])
 def test_bad_files_are_refused_and_change_nothing(tmp_path, isolated, mangle, message):
     problem = Problem(1, 2, 2, 24, 24, 16, "float16")
     path = write_file(tmp_path, [(problem, CFG_A)])
-    path.write_text(mangle(path.read_text()))
+    mangled = mangle(path.read_text())
+    path.write_bytes(mangled if isinstance(mangled, bytes) else mangled.encode())
     with pytest.raises(ConfigFileError, match=message):
         files.load(path)
     db = tmp_path / "db.sqlite"
@@ -116,10 +127,26 @@ def test_bad_files_are_refused_and_change_nothing(tmp_path, isolated, mangle, me
     from fa_autotune.store.queries import best
     assert best(connect(f"sqlite:///{db}")) == []
     # The dispatcher skips it with one warning instead of failing attention().
-    (isolated / path.name).write_text(path.read_text())
+    (isolated / path.name).write_bytes(path.read_bytes())
     q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
     with pytest.warns(RuntimeWarning, match="ignoring"):
         assert fa_autotune.explain(q, k, v)["source"] == "default"
+    assert_close_to_reference(fa_autotune.attention(q, k, v), q, k, v)
+
+
+@pytest.mark.parametrize("problem, pareto, message", [
+    (Problem(1, 2, 2, 0, 24, 16, "float16"), False, "empty problem"),
+    (Problem(1, 2, 2, 24, 24, 16, "float16"), True, "Pareto front belongs to FP8 problems"),
+])
+def test_entries_that_mean_nothing_are_refused(tmp_path, problem, pareto, message):
+    path = write_file(tmp_path, [(problem, CFG_A)])
+    if pareto:
+        data = json.loads(path.read_text())
+        entry = data["entries"][problem.key]
+        entry["pareto"] = [{"config": CFG_A.to_dict(), "median_ms": 1.0, "tflops": 1.0, "rel_error": 0.01}]
+        path.write_text(json.dumps(data))
+    with pytest.raises(ConfigFileError, match=message):
+        files.load(path)
 
 
 def test_foreign_gpu_file_is_ignored(isolated):
@@ -387,3 +414,15 @@ def test_export_rewrites_the_shipped_file_byte_for_byte(tmp_path):
 
     shipped = data_dir("tuning_db") / "nvidia-h200.attn_fwd.json"
     assert files.write(files.load(shipped), tmp_path).read_bytes() == shipped.read_bytes()
+
+
+def test_database_secrets_never_printed(monkeypatch):
+    """An unreachable database is skipped with a warning that masks its password."""
+    monkeypatch.setenv("FA_AUTOTUNE_DB", "postgresql://user:s3cret-pw@127.0.0.1:1/db")
+    dispatch.DISPATCHER.reset()
+    q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert fa_autotune.explain(q, k, v)["source"] == "default"
+    messages = " ".join(str(w.message) for w in caught)
+    assert "cannot read tuned results" in messages and "s3cret-pw" not in messages and "***" in messages
