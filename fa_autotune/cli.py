@@ -103,8 +103,8 @@ def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
     from rich.console import Console
 
-    from .store import connect
-    from .tune.progress import RichReporter, summary_table
+    from .store import connect, safe_url
+    from .tune.progress import RichReporter, summary_line, summary_table
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
     space = load_space(args.space)
@@ -118,10 +118,14 @@ def _tune(args: argparse.Namespace) -> int:
     db = connect(args.db)
     reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
-    Console(width=200).print(summary_table(outcomes, gpu.is_interpreter))
+    console = Console()
+    if console.is_terminal:
+        console.print(summary_table(outcomes, gpu.is_interpreter))
+    else:  # a log: one plain line per problem, nothing folded
+        print("\n".join(summary_line(o, gpu.is_interpreter) for o in outcomes))
     if gpu.is_interpreter:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
-    print(f"Results: {db.url}")
+    print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
 
 
@@ -167,12 +171,14 @@ def _matching(problems: list, args: argparse.Namespace) -> list:
 @command("query")
 def _query(args: argparse.Namespace) -> int:
     """Read the results database: best config per problem, or every trial with its status."""
-    from .store import connect, queries
+    from .store import connect, queries, safe_url
     from .store.filters import Filters
 
     db = connect(args.db, readonly=True)
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
                               status=args.status, problem=args.problem)
+    if args.status is not None and args.what not in ("trials", "failures"):
+        raise FaAutotuneError(f"--status filters measurements: it applies to 'trials' and 'failures', not {args.what!r}")
     if args.what == "best":
         rows, row_type = queries.best(db, filters), Winner
     elif args.what == "trials":
@@ -195,7 +201,9 @@ def _query(args: argparse.Namespace) -> int:
         if not args.preset or args.preset not in space.presets:
             raise FaAutotuneError(f"coverage needs --preset, one of {', '.join(sorted(space.presets))}")
         rows, row_type = queries.coverage(db, list(space.presets[args.preset].problems), filters), queries.CoverageRow
-    emit(queries.as_dicts(rows), queries.columns(row_type), args.format, title=f"{args.what} ({db.url})")
+    if args.limit is not None:
+        rows = rows[:args.limit]
+    emit(queries.as_dicts(rows), queries.columns(row_type), args.format, title=f"{args.what} ({safe_url(db.url)})")
     return 0
 
 
@@ -228,7 +236,10 @@ def _import(args: argparse.Namespace) -> int:
     from .runtime.files import import_files
     from .store import connect
 
-    count = import_files(connect(args.db), args.files)
+    def progress(done: int, total: int) -> None:
+        print(f"importing: {done}/{total} configs", file=sys.stderr, flush=True)
+
+    count = import_files(connect(args.db), args.files, progress)
     print(f"imported {count} tuned configs from {len(args.files)} file(s)")
     return 0
 
@@ -353,14 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_flags(p)
     p.set_defaults(seqlen=None)
     p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")
-    p.add_argument("--trials", type=int, default=None, help="trials per problem (re-running continues up to this)")
+    p.add_argument("--trials", type=_positive_int, default=None,
+                   help="trials per problem (re-running continues up to this)")
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
     p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"])
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or a SQLite file in the user "
                                                "cache dir)")
     p.add_argument("--study", default=None, help="study name prefix (default: fa-autotune)")
-    p.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    p.add_argument("--jobs", type=_positive_int, default=None, help="parallel compile processes")
     p.add_argument("--retime-top", type=int, default=3, help="re-time this many best configs before picking")
     p.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a trial counts as hung")
     p.add_argument("--no-warm-start", action="store_true", help="do not seed studies with known-good configs")
@@ -380,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", default=None, help="ok, invalid_config, compile_error, out_of_resources, "
                                                    "wrong_result, timeout or crashed")
     p.add_argument("--problem", default=None, help="exact problem key")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=_positive_int, default=None, help="at most this many rows")
     p.add_argument("--a", default=None, help="compare: one side, KEY=VALUE (gpu=H100, triton=3.6.0, ...)")
     p.add_argument("--b", default=None, help="compare: the other side")
     p.add_argument("--preset", default=None, help="coverage: the problem set")
@@ -429,6 +441,16 @@ def _add_db_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", type=_tristate, default=None, help="true or false")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -438,5 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fa-autotune {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"fa-autotune {args.command}: interrupted", file=sys.stderr)
+        resume = ("; every finished trial is stored: run the same command again to resume"
+                  if args.command == "tune" else "")
+        print(f"fa-autotune {args.command}: interrupted{resume}", file=sys.stderr)
         return 130

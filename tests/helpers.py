@@ -28,7 +28,7 @@ def assert_close_to_reference(out, q, k, v, causal=False, scale=None, causal_ali
         assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
 
 
-def hanging_server(conn, interpret):
+def hanging_server(conn, interpret, parent=None):
     """A device worker that never answers (a hung kernel)."""
     import time
 
@@ -36,7 +36,7 @@ def hanging_server(conn, interpret):
     time.sleep(3600)
 
 
-def crashing_server(conn, interpret):
+def crashing_server(conn, interpret, parent=None):
     """A device worker that dies mid-job (a fault that kills the process)."""
     import os
 

@@ -45,6 +45,9 @@ def measurements(db_url):
 def test_tune_then_query(env, db_url):
     out = cli("tune", *TINY, "--trials", "4", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
     assert "interpreter" in out.stdout and "not a GPU" in out.stdout
+    # Not a terminal: one plain line per problem (no folded table); TFLOPS mean nothing here.
+    line = next(x for x in out.stdout.splitlines() if x.startswith("tuned problem:"))
+    assert "TFLOPS: -;" in line and "configs: 4;" in line and "new: 4;" in line
     rows = measurements(db_url)
     search = [r for r in rows if r[2] == "search"]
     assert len({r[0] for r in search}) == 4
@@ -62,6 +65,9 @@ def test_tune_then_query(env, db_url):
     assert ok_only and all(r["status"] == "ok" for r in ok_only)
     assert json.loads(cli("query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16", env=env).stdout) == []
     assert "best" in cli("query", "best", "--db", db_url, env=env).stdout  # the table has a title
+    assert len(json.loads(cli("query", "trials", "--db", db_url, "--format", "json", "--limit", "2", env=env).stdout)) == 2
+    best_status = cli("query", "best", "--db", db_url, "--status", "ok", env=env, check=False)
+    assert best_status.returncode == 2 and "--status filters measurements" in best_status.stderr
 
     # The same command again with more trials continues the study; nothing is timed twice.
     cli("tune", *TINY, "--trials", "6", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
@@ -70,20 +76,58 @@ def test_tune_then_query(env, db_url):
     assert len(search) == 6, "a config was measured twice"
 
 
+def _wait_for_measurements(db_url: str, count: int, timeout: float = 300) -> None:
+    """Until a running tune (another process) has stored ``count`` measurements."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.5)
+        try:
+            if len(measurements(db_url)) >= count:
+                return
+        except sqlite3.Error:
+            continue
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        kids = [child for child, parent in parents.items() if parent == current]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def test_kill_minus_nine_then_resume(env, db_url):
     args = ["tune", *TINY, "--causal", "--trials", "10", "--jobs", "2", "--seed", "5", "--db", db_url, "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        time.sleep(0.5)
-        try:
-            if len(measurements(db_url)) >= 3:
-                break
-        except sqlite3.Error:
-            continue
-    os.killpg(proc.pid, signal.SIGKILL)  # the tuner, its compile pool and its device worker
+    _wait_for_measurements(db_url, 3)
+    children = _descendants(proc.pid)
+    assert children, "the tuner runs a compile pool and a device worker"
+    os.kill(proc.pid, signal.SIGKILL)  # the tuner alone: its children must not outlive it
     proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.2)
+    assert not [pid for pid in children if _alive(pid)], "compile or device workers outlived a killed tune"
     before = measurements(db_url)
     assert 3 <= len(before) < 10
     cli(*args, env=env)
@@ -170,3 +214,70 @@ def test_reading_commands_never_write(env, tmp_path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
     assert not (tmp_path / "nowhere").exists() and not (tmp_path / "exported").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tune", *TINY, "--jobs", "-1"], "--jobs: expected a positive integer"),
+    (["tune", *TINY, "--trials", "0"], "--trials: expected a positive integer"),
+    (["query", "trials", "--limit", "0"], "--limit: expected a positive integer"),
+])
+def test_bad_numbers_are_usage_errors(env, db_url, args, message):
+    result = cli(*args, "--db", db_url, env=env, check=False)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_import_into_a_read_only_database_is_one_line(env, tmp_path, db_url):
+    """Writing where the database cannot be written: the database's error in one line."""
+    shipped = os.path.join(os.path.dirname(__file__), "..", "tuning_db", "nvidia-h200.attn_fwd.json")
+    cli("import", shipped, "--db", db_url, env=env)  # creates the schema
+    path = db_url.removeprefix("sqlite:///")
+    ro_url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    result = cli("import", shipped, "--db", ro_url, env=env, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "readonly" in result.stderr.lower() or "read-only" in result.stderr.lower(), result.stderr
+
+
+def test_ctrl_c_stops_a_tune_cleanly(env, db_url):
+    """SIGINT: the workers ignore it, the tuner stops, keeps what it measured and says how
+    to resume; no worker traceback."""
+    args = ["tune", *TINY, "--trials", "10", "--jobs", "2", "--seed", "7", "--db", db_url, "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_measurements(db_url, 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert len(measurements(db_url)) >= 2
+
+
+def test_large_problems_in_the_interpreter_are_warned_about(capsys):
+    from fa_autotune.cli import _check_tunable
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.spec.target import interpreter_gpu
+
+    _check_tunable([Problem(1, 2, 2, 64, 64, 32, "float16")], interpreter_gpu())
+    assert capsys.readouterr().err == ""
+    _check_tunable([Problem(4, 32, 8, 8192, 8192, 128, "float16", causal=True)], interpreter_gpu())
+    assert "large for Triton's interpreter" in capsys.readouterr().err
+
+
+def test_import_shows_progress(env, tmp_path, db_url):
+    """A long import says how far it is (every 1000 configs)."""
+    from fa_autotune.runtime import files
+    from fa_autotune.spec.config import KernelConfig
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.spec.target import SoftwareInfo, interpreter_gpu
+
+    sw = SoftwareInfo("3.6.0", "2.13.0", "none", "0.1.0", "x")
+    entries = {}
+    for i in range(2100):
+        p = Problem(1, 2, 2, 64 + i, 64 + i, 16, "float16")
+        entries[p.key] = {"problem": p.to_dict(), "config": KernelConfig(BLOCK_M=16, BLOCK_N=16).to_dict(),
+                          "median_ms": 1.0, "tflops": 1.0, "rel_error": 1e-4, "software": sw.to_dict()}
+    path = tmp_path / files.file_name(interpreter_gpu())
+    path.write_text(json.dumps({"schema": files.SCHEMA, "schema_version": 1, "family": "attn_fwd",
+                                "gpu": interpreter_gpu().to_dict(), "entries": entries}))
+    result = cli("import", str(path), "--db", db_url, env=env)
+    assert "importing: 1000/2100" in result.stderr and "importing: 2000/2100" in result.stderr
+    assert "imported 2100 tuned configs" in result.stdout

@@ -206,5 +206,6 @@ def compile_many(
     configs = list(configs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=compiler_init) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=compiler_init,
+                             initargs=(os.getpid(),)) as pool:
         return list(pool.map(_compile_job, [(c, problem, capability) for c in configs]))

@@ -187,8 +187,8 @@ def _shipped_dir() -> Path:
 def _file_source(directory: Path, gpu: GpuInfo, kind: str, warn) -> list[_Source]:
     """This GPU's file in ``directory``, if there is a usable one (a bad or foreign file is
     skipped with a warning: it must not break attention())."""
-    path = directory / files.file_name(gpu)
-    if not path.is_file():
+    path = next((directory / name for name in files.file_names(gpu) if (directory / name).is_file()), None)
+    if path is None:
         return []
     try:
         tuned = files.load(path)

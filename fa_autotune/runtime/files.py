@@ -28,8 +28,18 @@ SCHEMA_VERSION = 1
 FAMILY = "attn_fwd"
 
 
-def file_name(gpu: GpuInfo, family: str = FAMILY) -> str:
-    return f"{gpu.slug}.{family}.json"
+def file_name(gpu: GpuInfo, family: str = FAMILY, qualified: bool = False) -> str:
+    """``<gpu slug>.<family>.json``; ``qualified`` adds the compute capability
+    (``<slug>.sm90.<family>.json``), for GPU models whose names share a slug."""
+    if not qualified:
+        return f"{gpu.slug}.{family}.json"
+    cap = gpu.capability.replace(".", "")
+    return f"{gpu.slug}.{'sm' + cap if cap.isdigit() else cap}.{family}.json"
+
+
+def file_names(gpu: GpuInfo, family: str = FAMILY) -> tuple[str, str]:
+    """Where a reader looks for ``gpu``'s file, most specific first."""
+    return file_name(gpu, family, qualified=True), file_name(gpu, family)
 
 
 # ------------------------------------------------------------------ writing
@@ -39,11 +49,15 @@ def export(db: "Database", out_dir: str | Path, gpu_filter: str | None = None) -
     from ..store.tuned import tuned_by_gpu  # SQLAlchemy only where a database is used
 
     out = Path(out_dir)
+    models = [tuned for tuned in tuned_by_gpu(db, gpu_filter) if tuned.winners]
+    slugs = [tuned.gpu.slug for tuned in models]
     out.mkdir(parents=True, exist_ok=True)
-    return sorted(write(tuned, out) for tuned in tuned_by_gpu(db, gpu_filter) if tuned.winners)
+    # Two models sharing a slug (same name, other capability) get capability-qualified names
+    # rather than overwriting one file.
+    return sorted(write(tuned, out, qualified=slugs.count(tuned.gpu.slug) > 1) for tuned in models)
 
 
-def write(tuned: Tuned, out_dir: Path) -> Path:
+def write(tuned: Tuned, out_dir: Path, qualified: bool = False) -> Path:
     """The file of ``tuned`` in ``out_dir``: every winner, FP8 ones with their front."""
     entries = {}
     for winner in tuned.winners:
@@ -57,7 +71,7 @@ def write(tuned: Tuned, out_dir: Path) -> Path:
         entries[winner.problem.key] = entry
     payload = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "family": FAMILY, "gpu": tuned.gpu.to_dict(),
                "entries": entries}
-    path = out_dir / file_name(tuned.gpu)
+    path = out_dir / file_name(tuned.gpu, qualified=qualified)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -213,8 +227,9 @@ def _front(where: str, raw: Any, winner: Winner) -> list[FrontPoint]:
 
 
 # ------------------------------------------------------------------ importing
-def import_files(db: "Database", paths: list[str | Path]) -> int:
-    """Validate every file first, then load all entries in one transaction; returns the count."""
+def import_files(db: "Database", paths: list[str | Path], progress=None) -> int:
+    """Validate every file first, then load all entries in one transaction; returns the count
+    (``progress(done, total)`` hears how far the load is)."""
     from ..store.tuned import import_tuned  # SQLAlchemy only where a database is used
 
-    return import_tuned(db, [load(p) for p in paths])
+    return import_tuned(db, [load(p) for p in paths], progress)

@@ -55,16 +55,58 @@ class Expression:
     def parse(cls, text: str, where: str, names: tuple[str, ...]) -> "Expression":
         if not isinstance(text, str) or not text.strip():
             raise SearchSpaceError(f"{where}: a constraint must be a non-empty string, got {text!r}")
+        if len(text) > MAX_EXPRESSION_CHARS:
+            raise SearchSpaceError(f"{where}: constraint is {len(text)} characters long, at most "
+                                   f"{MAX_EXPRESSION_CHARS} allowed")
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as exc:
-            raise SearchSpaceError(f"{where}: constraint {text!r} is not an expression ({exc.msg})") from None
-        for node in ast.walk(tree):
+            raise SearchSpaceError(f"{where}: constraint {text[:80]!r} is not an expression ({exc.msg})") from None
+        except (RecursionError, MemoryError):
+            raise SearchSpaceError(f"{where}: constraint {text[:80]!r} is nested too deeply") from None
+        nodes = list(ast.walk(tree))
+        if len(nodes) > MAX_EXPRESSION_NODES or _depth(tree) > MAX_EXPRESSION_DEPTH:
+            raise SearchSpaceError(f"{where}: constraint {text[:80]!r} is too complex (at most "
+                                   f"{MAX_EXPRESSION_NODES} terms, {MAX_EXPRESSION_DEPTH} levels deep)")
+        for node in nodes:
             _check_node(node, text, where, names)
         return cls(text.strip(), where, tree)
 
-    def evaluate(self, env: Mapping[str, Any]) -> Any:
-        return _eval(self.tree.body, env)
+    def evaluate(self, env: Mapping[str, Any]) -> bool:
+        """True or false for ``env``; anything else (a number, a division by zero, a string
+        used as a number) is a SearchSpaceError naming the file, line and key."""
+        try:
+            value = _eval(self.tree.body, env)
+        except _EvalError as exc:
+            raise SearchSpaceError(f"{self.where}: constraint {self.text!r} cannot be evaluated: {exc}") from None
+        if not isinstance(value, bool):
+            raise SearchSpaceError(f"{self.where}: constraint {self.text!r} gives {value!r}, not true or false")
+        return value
+
+
+MAX_EXPRESSION_CHARS, MAX_EXPRESSION_NODES, MAX_EXPRESSION_DEPTH = 2000, 400, 40
+
+
+class _EvalError(Exception):
+    pass
+
+
+def _depth(node: ast.AST) -> int:
+    """Nesting depth, iteratively (a recursive walk would overflow on the inputs it rejects)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        current, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_EXPRESSION_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
+    return deepest
+
+
+def _number(value: Any, what: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _EvalError(f"{what} needs numbers, got {value!r}")
+    return value
 
 
 _ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
@@ -83,6 +125,8 @@ def _check_node(node: ast.AST, text: str, where: str, names: tuple[str, ...]) ->
 
 
 def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
+    """Evaluate a parsed (hence size-bounded) expression with typed operators: arithmetic on
+    numbers only, ordering between two numbers or two strings, no division by zero."""
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -92,18 +136,33 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         return all(values) if isinstance(node.op, ast.And) else any(values)
     if isinstance(node, ast.UnaryOp):
         value = _eval(node.operand, env)
-        return {ast.Not: lambda x: not x, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](value)
+        if isinstance(node.op, ast.Not):
+            return not value
+        value = _number(value, "a sign")
+        return -value if isinstance(node.op, ast.USub) else value
     if isinstance(node, ast.BinOp):
-        return _BINARY[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+        symbol = type(node.op).__name__.lower()
+        left, right = _number(_eval(node.left, env), symbol), _number(_eval(node.right, env), symbol)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise _EvalError(f"{symbol} by zero")
+        try:
+            return _BINARY[type(node.op)](left, right)
+        except (OverflowError, ValueError) as exc:
+            raise _EvalError(str(exc)) from None
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comparator in zip(node.ops, node.comparators):
             right = _eval(comparator, env)
+            if not isinstance(op, (ast.Eq, ast.NotEq)):
+                both_strings = isinstance(left, str) and isinstance(right, str)
+                both_numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (left, right))
+                if not (both_strings or both_numbers):
+                    raise _EvalError(f"cannot order {left!r} and {right!r}")
             if not _COMPARE[type(op)](left, right):
                 return False
             left = right
         return True
-    raise SearchSpaceError(f"unexpected expression node {type(node).__name__}")  # unreachable after parse
+    raise _EvalError(f"unexpected expression node {type(node).__name__}")  # unreachable after parse
 
 
 # ---------------------------------------------------------------- the space
@@ -320,7 +379,12 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
             raise SearchSpaceError(f"{where}: expected a list, or a mapping with 'values' (and 'when' + 'otherwise')")
         values = spec["values"]
         if "when" in spec:
-            cond = spec["when"] if isinstance(spec["when"], str) else str(spec["when"]).lower()
+            cond = spec["when"]
+            if isinstance(cond, bool):  # YAML's bare true/false
+                cond = str(cond).lower()
+            if not isinstance(cond, str):
+                raise SearchSpaceError(f"{where}.when: expected an expression (a string) or true/false, "
+                                       f"got {cond!r}")
             when = Expression.parse(cond, f"{where}.when", PARAMETER_NAMES + PROBLEM_NAMES)
             otherwise = spec["otherwise"]
             _check_value(name, otherwise, f"{where}.otherwise")
@@ -360,11 +424,15 @@ def _parse_constraints(raw: Any, loc: _Locator, path: tuple, names: tuple[str, .
     return tuple(Expression.parse(text, loc.at(*path, i), names) for i, text in enumerate(raw))
 
 
+MAX_PRESET_PROBLEMS = 10_000  # a tune of more is a typo, and listing them would hang every command
+
+
 def _parse_preset(name: str, body: Any, loc: _Locator) -> Preset:
     where = loc.at("presets", name)
     if not isinstance(body, dict) or not isinstance(body.get("problems"), list) or not body["problems"]:
         raise SearchSpaceError(f"{where}: expected 'problems', a non-empty list of problem entries")
     problems: list[Problem] = []
+    seen: set[Problem] = set()
     for i, entry in enumerate(body["problems"]):
         entry_where = loc.at("presets", name, "problems", i)
         if not isinstance(entry, dict):
@@ -372,12 +440,18 @@ def _parse_preset(name: str, body: Any, loc: _Locator) -> Preset:
         unknown = set(entry) - _PRESET_KEYS
         if unknown:
             raise SearchSpaceError(f"{entry_where}: unknown key {sorted(unknown)[0]!r}; known: {sorted(_PRESET_KEYS)}")
+        size = 1
+        for value in entry.values():
+            size *= len(value) if isinstance(value, list) else 1
+        if size + len(problems) > MAX_PRESET_PROBLEMS:
+            raise SearchSpaceError(f"{entry_where}: the preset expands to more than {MAX_PRESET_PROBLEMS} problems")
         for combo in _expand(entry):
             try:
                 problem = _problem_from_entry(combo)
-            except (InputError, TypeError, KeyError, ValueError) as exc:
+            except (InputError, TypeError, KeyError, ValueError, ZeroDivisionError) as exc:
                 raise SearchSpaceError(f"{entry_where}: {exc}") from None
-            if problem not in problems:
+            if problem not in seen:
+                seen.add(problem)
                 problems.append(problem)
     return Preset(name, str(body.get("description", "")), tuple(problems))
 

@@ -80,11 +80,18 @@ class Database:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """A transaction: committed on success, rolled back on any error."""
+        """A transaction: committed on success, rolled back on any error; the database's own
+        failures (read-only, locked, gone) become one DatabaseError naming it (password
+        masked), never a driver traceback."""
         session = self._sessions()
         try:
             yield session
             session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            detail = str(getattr(exc, "orig", None) or exc).strip()  # the driver's own words first
+            first = detail.splitlines()[0] if detail else ""
+            raise DatabaseError(f"database {safe_url(self.url)}: {exc.__class__.__name__}: {first}") from exc
         except BaseException:
             session.rollback()
             raise

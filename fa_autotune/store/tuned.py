@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import replace
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
-from ..spec.target import GpuInfo
+from ..spec.target import GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Tuned, Winner
 from .db import Database, safe_url
 from .filters import Filters
@@ -37,25 +37,39 @@ def save_front(db: Database, ids: Ids, points: Sequence[FrontPoint], max_error: 
         _put_front(s, ids, points, max_error)
 
 
-def import_tuned(db: Database, sets: Iterable[Tuned]) -> int:
+def import_tuned(db: Database, sets: Iterable[Tuned], progress: Callable[[int, int], None] | None = None) -> int:
     """Store the winners (and fronts) of ``sets`` in one transaction, as decided now by an
-    import; returns the number of winners."""
-    count = 0
+    import; returns the number of winners. ``progress(done, total)`` hears every 1000."""
+    sets = list(sets)
+    total, count = sum(len(t.winners) for t in sets), 0
     with db.session() as s:
+        software: dict[SoftwareInfo, int] = {}
+        configs: dict[KernelConfig, int] = {}
         for tuned in sets:
             gpu_id = gpu_row(s, tuned.gpu).id
+            fronts: dict[tuple, list[FrontPoint]] = {}
+            for point in tuned.fronts:
+                fronts.setdefault((point.problem, point.software), []).append(point)
             for winner in tuned.winners:
-                ids = Ids(problem_row(s, winner.problem).id, gpu_id, software_row(s, winner.software).id)
-                _put_winner(s, ids, replace(winner, source="import", ties=1, study_name=None))
-                front = [p for p in tuned.fronts if p.problem == winner.problem and p.software == winner.software]
+                if winner.software not in software:
+                    software[winner.software] = software_row(s, winner.software).id
+                ids = Ids(problem_row(s, winner.problem).id, gpu_id, software[winner.software])
+                _put_winner(s, ids, replace(winner, source="import", ties=1, study_name=None), configs)
+                front = fronts.get((winner.problem, winner.software))
                 if front:
                     _put_front(s, ids, front, None)
                 count += 1
+                if progress is not None and count % 1000 == 0:
+                    progress(count, total)
     return count
 
 
-def _put_winner(s: Session, ids: Ids, winner: Winner) -> None:
-    config_id = config_row(s, winner.config).id
+def _put_winner(s: Session, ids: Ids, winner: Winner, configs: dict[KernelConfig, int] | None = None) -> None:
+    if configs is None or winner.config not in configs:
+        config_id = config_row(s, winner.config).id
+        if configs is not None:
+            configs[winner.config] = config_id
+    config_id = configs[winner.config] if configs is not None else config_id
     row = s.scalar(select(BestModel).filter_by(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software))
     if row is None:
         row = BestModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software, config_id=config_id)

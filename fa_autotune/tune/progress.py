@@ -30,8 +30,10 @@ class RichReporter:
         self.total_task = None
         self.started = time.monotonic()
         self.statuses: Counter = Counter()
+        self.interpreter = False
 
     def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None:
+        self.interpreter = interpreter
         if interpreter:
             self.console.print(f"[yellow]{INTERPRETER_NOTE}[/yellow]")
         self.console.print(f"Tuning {len(problems)} problem(s).")
@@ -62,19 +64,34 @@ class RichReporter:
 
     def problem_finished(self, outcome: ProblemOutcome) -> None:
         self.statuses.update(outcome.statuses)
+        if not self.console.is_terminal:  # a log or CI: a line per problem, not a live bar
+            print(summary_line(outcome, self.interpreter), file=self.console.file, flush=True)
 
     def finish(self, outcomes: list[ProblemOutcome]) -> None:
         self.progress.stop()
 
 
+_COLUMNS = ("problem", "best config", "ms", "TFLOPS", "ties", "configs", "new", "reused", "failures", "wall s")
+
+
+def _cells(o: ProblemOutcome, interpreter: bool) -> tuple[str, ...]:
+    """One problem's summary. configs: distinct configs its study has settled (all runs);
+    new: trials measured in this run; reused: trials answered from earlier measurements
+    (repeats of a config included). TFLOPS mean nothing in the interpreter: '-'."""
+    failures = ", ".join(f"{k}={v}" for k, v in sorted(o.statuses.items()) if k != "ok") or "-"
+    tflops = f"{o.best_tflops:.1f}" if o.best_tflops and not interpreter else "-"
+    return (o.problem.key, o.best.name if o.best else "(none passed)", f"{o.best_ms:.4f}" if o.best_ms else "-",
+            tflops, str(o.ties or "-"), str(o.trials), str(o.new_trials), str(o.reused), failures, f"{o.seconds:.1f}")
+
+
+def summary_line(o: ProblemOutcome, interpreter: bool) -> str:
+    return "tuned " + "; ".join(f"{name}: {cell}" for name, cell in zip(_COLUMNS, _cells(o, interpreter)))
+
+
 def summary_table(outcomes: list[ProblemOutcome], interpreter: bool) -> Table:
-    unit = "ms (interpreter)" if interpreter else "ms"
     table = Table(title="fa-autotune: best config per problem", show_lines=False)
-    for column in ("problem", "best config", unit, "TFLOPS", "ties", "trials", "new", "reused", "failures", "wall s"):
-        table.add_column(column, overflow="fold")
+    for column in _COLUMNS:
+        table.add_column("ms (interpreter)" if interpreter and column == "ms" else column, overflow="fold")
     for o in outcomes:
-        failures = ", ".join(f"{k}={v}" for k, v in sorted(o.statuses.items()) if k != "ok") or "-"
-        table.add_row(o.problem.key, o.best.name if o.best else "(none passed)",
-                      f"{o.best_ms:.4f}" if o.best_ms else "-", f"{o.best_tflops:.1f}" if o.best_tflops else "-",
-                      str(o.ties or "-"), str(o.trials), str(o.new_trials), str(o.reused), failures, f"{o.seconds:.1f}")
+        table.add_row(*_cells(o, interpreter))
     return table

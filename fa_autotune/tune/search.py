@@ -13,6 +13,7 @@ import json
 import math
 import multiprocessing
 import os
+import socket
 import statistics
 import time
 import warnings
@@ -140,7 +141,8 @@ class Tuner:
         self.reporter.start(problems, self.options.trials or 0, self.gpu.is_interpreter)
         outcomes: list[ProblemOutcome] = []
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init) as pool, \
+        with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init,
+                                 initargs=(os.getpid(),)) as pool, \
                 DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
             for index, problem in enumerate(problems):
                 share = None
@@ -161,7 +163,7 @@ class Tuner:
         objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
         study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
                                     load_if_exists=True, **objectives)
-        _fail_stale_trials(study)
+        _fail_stale_trials(study, grace_s=2 * self.options.trial_timeout + 600)
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
             study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
@@ -247,6 +249,7 @@ class Tuner:
         pending: list[_Pending] = []
         for _ in range(size):
             trial = study.ask()
+            trial.set_user_attr("owner", _OWNER)  # whose trial: another run must not fail it
             config = self._propose(trial, problem, ids, study, outcome)
             if config is None:
                 continue
@@ -500,10 +503,38 @@ def _distinct(study) -> int:
     return len({t.user_attrs.get("config", t.number) for t in finished})
 
 
-def _fail_stale_trials(study) -> None:
-    """Trials left RUNNING by a killed tune are lost in flight: close them as failed."""
+_OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail_stale_trials(study, grace_s: float) -> None:
+    """Trials left RUNNING by a killed tune are lost in flight: close them as failed. Only
+    those whose run is gone: its process on this host no longer exists, or, run elsewhere,
+    it started more than ``grace_s`` ago; a live run's trials (another tune of the same
+    problem, here or on another machine) are left to it."""
+    now = dt.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        owner = trial.user_attrs.get("owner")
+        if owner is not None and not _owner_gone(owner, trial.datetime_start, now, grace_s):
+            continue
+        try:
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        except Exception:  # its owner finished it in the meantime
+            pass
+
+
+def _owner_gone(owner: str, started: dt.datetime | None, now: dt.datetime, grace_s: float) -> bool:
+    host, _, pid = owner.rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        if int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+    return started is None or (now - started).total_seconds() > grace_s
 
 
 def _objectives(study, ms: float, rel_error: float | None) -> float | list[float]:

@@ -7,6 +7,7 @@ starts a fresh child for the next trial.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -82,7 +83,8 @@ class DeviceWorker:
 
     def _start(self) -> None:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=self._server, args=(child, self.interpret), daemon=True)
+        self._process = self._context.Process(target=self._server, args=(child, self.interpret, os.getpid()),
+                                             daemon=True)
         self._process.start()
         child.close()
         self._conn = parent

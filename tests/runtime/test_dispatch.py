@@ -426,3 +426,28 @@ def test_database_secrets_never_printed(monkeypatch):
         assert fa_autotune.explain(q, k, v)["source"] == "default"
     messages = " ".join(str(w.message) for w in caught)
     assert "cannot read tuned results" in messages and "s3cret-pw" not in messages and "***" in messages
+
+
+def test_export_keeps_gpu_models_that_share_a_slug_apart(tmp_path, isolated):
+    """Two GPU models with one name (other compute capability) export to two files, named
+    with the capability, instead of one overwriting the other; the dispatcher finds its own."""
+    from fa_autotune.store import connect
+
+    here = interpreter_gpu()
+    twin = GpuInfo(here.name, "8.0", 1, 1, "x")
+    problem = Problem(1, 2, 2, 24, 24, 16, "float16")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    paths = [write_file(a, [(problem, CFG_A)]), write_file(b, [(problem, CFG_B)], gpu=twin)]
+    db = connect(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert files.import_files(db, paths) == 2
+    exported = files.export(db, tmp_path / "out")
+    assert len(exported) == 2 and len({p.name for p in exported}) == 2
+    by_capability = {files.load(p).gpu.capability: files.load(p) for p in exported}
+    assert by_capability["8.0"].winners[0].config == CFG_B
+    assert by_capability[here.capability].winners[0].config == CFG_A
+    for path in exported:
+        (isolated / path.name).write_bytes(path.read_bytes())
+    q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
+    info = fa_autotune.explain(q, k, v)
+    assert info["source"] == "shipped" and info["config"] == CFG_A.to_dict()

@@ -131,3 +131,55 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
     for dtype in ("float32", "float8_e4m3fn"):
         assert not any(c.language == "gluon" for c in space.for_arch("sm90").grid(problem.with_dtype(dtype)))
+
+
+# ---- every bad constraint the promised error, at bounded cost (issue 14)
+ENV = {"BLOCK_M": 64, "BLOCK_N": 64, "head_dim": 64, "loop_order": "q_outer", "causal": False, "num_splits": 1}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("BLOCK_M / (BLOCK_N - 64) > 1", "div by zero"),
+    ("BLOCK_M % 0 == 0", "mod by zero"),
+    ("BLOCK_M // 0 == 0", "floordiv by zero"),
+    ('loop_order < 5', "cannot order"),
+    ('-loop_order == 1', "a sign needs numbers"),
+    ('loop_order * 100000000000 == "x"', "needs numbers"),
+    ("BLOCK_M + 1", "not true or false"),
+    ("causal < BLOCK_M", "cannot order"),
+])
+def test_constraints_that_cannot_be_evaluated_name_their_place(text, message):
+    expr = Expression.parse(text, "bad.yaml:9 (constraints.0)", NAMES)
+    with pytest.raises(SearchSpaceError, match=r"bad\.yaml:9 \(constraints\.0\): .*" + message):
+        expr.evaluate(ENV)
+
+
+@pytest.mark.parametrize("text", ["not " * 3000 + "causal", " + ".join(["BLOCK_M"] * 200_000) + " > 0",
+                                  "(" * 5000 + "causal" + ")" * 5000, "x" * 100_000])
+def test_huge_or_deep_constraints_are_refused_quickly(text):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(SearchSpaceError, match="here: .*(too complex|nested too deeply|characters long)"):
+        Expression.parse(text, "here", NAMES)
+    assert time.perf_counter() - start < 2
+
+
+def test_when_must_be_an_expression():
+    with pytest.raises(SearchSpaceError, match=r"bad\.yaml:11 \(parameters\.num_splits\)\.when: expected an expression"):
+        parse_space(BASE.replace("num_splits: [1]", "num_splits: {values: [1], when: 5, otherwise: 1}"), "bad.yaml")
+    parse_space(BASE.replace("num_splits: [1]", "num_splits: {values: [1], when: true, otherwise: 1}"), "ok.yaml")
+
+
+def test_presets_that_multiply_out_huge_are_refused_quickly():
+    import time
+
+    lengths = list(range(64, 64 + 64 * 200, 64))
+    huge = BASE + f"presets:\n  p:\n    problems:\n      - {{seqlen: {lengths}, seqlen_k: {lengths}, head_dim: 64, heads: 2}}\n"
+    start = time.perf_counter()
+    with pytest.raises(SearchSpaceError, match="expands to more than"):
+        parse_space(huge, "big.yaml")
+    assert time.perf_counter() - start < 2
+    many = BASE + f"presets:\n  p:\n    problems:\n      - {{seqlen: {lengths[:90]}, seqlen_k: {lengths[:90]}, head_dim: 64, heads: 2}}\n"
+    start = time.perf_counter()
+    assert len(parse_space(many, "many.yaml").presets["p"].problems) == 8100
+    assert time.perf_counter() - start < 10

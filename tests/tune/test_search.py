@@ -113,3 +113,63 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
     q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16) for _ in range(3))
     out = api.attention_fp8(q, k, v, max_error=errors[-1])
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
+
+
+def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
+    """Two tunes of one problem share its study: a run fails only the RUNNING trials whose
+    owner process is gone (or, from another host, that outlived the grace period), never a
+    live run's trial in flight."""
+    import datetime as dt
+    import socket
+    import subprocess
+    import sys
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from fa_autotune.tune import search
+
+    storage = connect(f"sqlite:///{tmp_path / 'db.sqlite'}").optuna_storage()
+    study = optuna.create_study(study_name="s", storage=storage)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    owners = {"live": f"{host}:{sleeper.pid}", "dead": f"{host}:{dead.pid}", "mine": search._OWNER,
+              "remote-recent": "elsewhere:1", "legacy": None}
+    trials = {}
+    for name, owner in owners.items():
+        trial = study.ask()
+        if owner is not None:
+            trial.set_user_attr("owner", owner)
+        trials[name] = trial._trial_id
+    try:
+        search._fail_stale_trials(study, grace_s=3600)
+        state = {name: storage.get_trial(tid).state for name, tid in trials.items()}
+    finally:
+        sleeper.kill()
+    assert state["live"] == state["mine"] == state["remote-recent"] == TrialState.RUNNING
+    assert state["dead"] == state["legacy"] == TrialState.FAIL
+    now = dt.datetime.now()  # another host's trial: gone once older than the grace period
+    assert search._owner_gone("elsewhere:2", now - dt.timedelta(hours=2), now, grace_s=3600)
+    assert not search._owner_gone("elsewhere:2", now - dt.timedelta(minutes=5), now, grace_s=3600)
+
+
+def test_progress_lines_when_not_on_a_terminal():
+    """In a log or CI the live bar is invisible until the end: a line per finished problem."""
+    import io
+
+    from rich.console import Console
+
+    from fa_autotune.tune.progress import RichReporter
+    from fa_autotune.tune.search import ProblemOutcome
+
+    buffer = io.StringIO()
+    reporter = RichReporter(Console(file=buffer, force_terminal=False))
+    problem = Problem(1, 2, 2, 64, 64, 32, "float16")
+    reporter.start([problem], 4, interpreter=True)
+    outcome = ProblemOutcome(problem, "s", trials=4, new_trials=4, best=KernelConfig(), best_ms=1.0, best_tflops=0.01)
+    reporter.problem_finished(outcome)
+    reporter.finish([outcome])
+    line = next(x for x in buffer.getvalue().splitlines() if x.startswith("tuned problem:"))
+    assert problem.key in line and "TFLOPS: -;" in line
