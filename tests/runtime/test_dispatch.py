@@ -451,3 +451,26 @@ def test_export_keeps_gpu_models_that_share_a_slug_apart(tmp_path, isolated):
     q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
     info = fa_autotune.explain(q, k, v)
     assert info["source"] == "shipped" and info["config"] == CFG_A.to_dict()
+
+
+@pytest.mark.parametrize("content", [b"not a database at all" * 100, None])
+def test_foreign_or_corrupt_database_is_skipped_and_untouched(tmp_path, monkeypatch, content):
+    """FA_AUTOTUNE_DB naming a corrupt file or another application's SQLite database:
+    attention() runs on the defaults with one warning, and the file is not changed (no
+    fa_ tables, no WAL switch)."""
+    import sqlite3
+
+    path = tmp_path / "other.sqlite"
+    if content is None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY)")
+    else:
+        path.write_bytes(content)
+    before = path.read_bytes()
+    monkeypatch.setenv("FA_AUTOTUNE_DB", f"sqlite:///{path}")
+    dispatch.DISPATCHER.reset()
+    q, k, v = make_qkv(1, 2, 2, 24, 24, 16)
+    with pytest.warns(RuntimeWarning, match="cannot read tuned results"):
+        out = fa_autotune.attention(q, k, v)
+    assert_close_to_reference(out, q, k, v)
+    assert path.read_bytes() == before and not (tmp_path / "other.sqlite-wal").exists()
