@@ -202,7 +202,7 @@ def test_reading_commands_never_write(env, tmp_path):
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
     before = other.read_bytes()
-    missing = tmp_path / "nowhere" / "deeper" / "db.sqlite"
+    missing = tmp_path / "nowhere#x" / "deeper?y" / "db.sqlite"  # URI-special characters stay a path
     for url in (f"sqlite:///{other}", f"sqlite:///{missing}"):
         for args in (["query", "best"], ["export", "--out", str(tmp_path / "exported")],
                      ["report", "--out", str(tmp_path / "report")]):
@@ -213,7 +213,8 @@ def test_reading_commands_never_write(env, tmp_path):
     with sqlite3.connect(other) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["notes"]
-    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "exported").exists()
+    assert not (tmp_path / "nowhere#x").exists() and not (tmp_path / "nowhere").exists()
+    assert not (tmp_path / "exported").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -309,9 +309,7 @@ def run(config: KernelConfig, problem: Problem, q: torch.Tensor, k: torch.Tensor
         out: torch.Tensor, lse: torch.Tensor | None, scales: tuple | None = None) -> None:
     """Launch ``config`` once on validated inputs, writing ``out`` (and ``lse``); FP8 inputs
     come with scales = (q_scale, k_scale, v_scale, block_q, block_k)."""
-    if problem.is_empty:
-        return
-    if problem.seqlen_k == 0:  # softmax over no keys: SDPA's math path gives zeros
+    if problem.is_empty:  # no rows to write, or softmax over no keys: SDPA's math path gives zeros
         out.zero_()
         if lse is not None:
             lse.fill_(-math.inf)

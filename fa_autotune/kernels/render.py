@@ -8,9 +8,12 @@ their constants only (:class:`KernelModule`); launching them is :mod:`.launcher`
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
+import linecache
 import types
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -171,6 +174,7 @@ def _fallback_cache(wanted: Path, exc: OSError) -> Path:
     with _LOCK_FALLBACK:
         if not _FALLBACK:
             _FALLBACK.append(Path(tempfile.mkdtemp(prefix="fa_autotune-kernels-")))
+            atexit.register(shutil.rmtree, _FALLBACK[0], ignore_errors=True)
             warnings.warn(f"kernel cache {wanted} is not writable ({exc.strerror or exc}); rendered kernels go to "
                           f"{_FALLBACK[0]} for this process (set FA_AUTOTUNE_CACHE to a writable directory)",
                           RuntimeWarning, stacklevel=4)
@@ -202,6 +206,9 @@ def _import(rendered: RenderedKernel) -> KernelModule:
     name = f"fa_autotune_kernels.{rendered.module_name}"
     module = types.ModuleType(name)
     module.__file__ = str(path)
+    # Triton's JIT reads each kernel's source through linecache: serve it the verified text,
+    # not whatever the file on disk holds by then.
+    linecache.cache[str(path)] = (len(rendered.source), None, rendered.source.splitlines(True), str(path))
     sys.modules[name] = module
     try:
         exec(compile(rendered.source, str(path), "exec", dont_inherit=True), module.__dict__)

@@ -102,6 +102,8 @@ def load(path: str | Path) -> Tuned:
         raise ConfigFileError(f"{path}: duplicate key {exc.args[0]!r} (a second copy would silently win)") from None
     except RecursionError:
         raise ConfigFileError(f"{path}: nested too deeply to be a config file") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's digit limit
+        raise ConfigFileError(f"{path}: not a config file ({exc})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ConfigFileError(f"{path}: not an fa_autotune config file (schema {_get(data, 'schema')!r}, "
                               f"expected {SCHEMA!r})")

@@ -65,6 +65,8 @@ class Problem:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
                 raise InputError(f"{name} must be an integer in 0..{MAX_DIM}, got {value!r}")
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if not isinstance(self.causal, bool):
+            raise InputError(f"causal must be true or false, got {self.causal!r}")
         if self.causal_align not in CAUSAL_ALIGNS:
             raise InputError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {self.causal_align!r}")
         if not self.causal:
@@ -80,7 +82,8 @@ class Problem:
 
     @property
     def is_empty(self) -> bool:
-        """No query rows or no keys: attention() returns at once, there is nothing to tune."""
+        """No query rows or no keys: attention() needs no kernel (an output of zeros, or none),
+        and there is nothing to tune."""
         return 0 in (self.batch, self.heads_q, self.seqlen_q, self.seqlen_k)
 
     @property
@@ -102,10 +105,6 @@ class Problem:
         if self.causal and self.causal_align == "bottom_right":
             return self.seqlen_k - self.seqlen_q
         return 0
-
-    @property
-    def is_empty(self) -> bool:
-        return self.batch * self.heads_q * self.seqlen_q == 0
 
     @property
     def flops(self) -> float:

@@ -7,6 +7,7 @@ newer ones, so a database is never silently rewritten by the wrong version.
 from __future__ import annotations
 
 import os
+import urllib.parse
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -75,6 +76,7 @@ class Database:
             self.engine.dispose()
             raise
         except SQLAlchemyError as exc:
+            self.engine.dispose()
             raise DatabaseError(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
                                 f"{str(exc).splitlines()[0]}") from None
 
@@ -136,7 +138,11 @@ def _readonly_sqlite(parsed) -> Any:
         return parsed
     if not os.path.isfile(database):
         raise DatabaseError(f"no fa_autotune results at {database}: no such file")
-    return parsed.set(database=f"file:{os.path.abspath(database)}?mode=ro", query={"uri": "true"})
+    path = os.path.abspath(database)
+    # A WAL database in a directory nobody may write (a read-only filesystem) opens only as
+    # immutable: SQLite could not create its -shm file.
+    extra = "" if os.access(os.path.dirname(path), os.W_OK) else "&immutable=1"
+    return parsed.set(database=f"file:{urllib.parse.quote(path)}?mode=ro{extra}", query={"uri": "true"})
 
 
 def _sqlite_pragmas(database: str | None, wal: bool = True):

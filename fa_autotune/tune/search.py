@@ -16,9 +16,11 @@ import os
 import socket
 import statistics
 import time
+import uuid
 import warnings
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -144,11 +146,15 @@ class Tuner:
         with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init,
                                  initargs=(os.getpid(),)) as pool, \
                 DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
-            for index, problem in enumerate(problems):
-                share = None
-                if deadline is not None:
-                    share = max(0.0, (deadline - time.monotonic()) / (len(problems) - index))
-                outcomes.append(self._tune_problem(index, problem, pool, worker, share))
+            try:
+                for index, problem in enumerate(problems):
+                    share = None
+                    if deadline is not None:
+                        share = max(0.0, (deadline - time.monotonic()) / (len(problems) - index))
+                    outcomes.append(self._tune_problem(index, problem, pool, worker, share))
+            except BaseException:  # Ctrl-C, an error: queued compiles are abandoned, not waited for
+                _abandon(pool)
+                raise
         self.reporter.finish(outcomes)
         return outcomes
 
@@ -307,16 +313,18 @@ class Tuner:
     def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
         outcome.reused += 1
         if previous is not None and previous.status == "ok":
-            trial.set_user_attr("status", "ok")
-            trial.set_user_attr("reused", True)
-            study.tell(trial, _objectives(study, previous.median_ms, previous.rel_error))
+            with _closed_elsewhere(trial):
+                trial.set_user_attr("status", "ok")
+                trial.set_user_attr("reused", True)
+                study.tell(trial, _objectives(study, previous.median_ms, previous.rel_error))
             outcome.statuses["ok"] += 1
             self._note_best(outcome, config, previous.median_ms)
         else:
             status = previous.status
-            trial.set_user_attr("status", status)
-            trial.set_user_attr("reused", True)
-            _tell_failed(study, trial)
+            with _closed_elsewhere(trial):
+                trial.set_user_attr("status", status)
+                trial.set_user_attr("reused", True)
+                _tell_failed(study, trial)
             outcome.statuses[status] += 1
         self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
 
@@ -324,19 +332,21 @@ class Tuner:
                 started: dt.datetime, **fields) -> None:
         """Record the measurement, then tell Optuna; the row is written first so a kill
         between the two loses nothing that was measured."""
-        trial.set_user_attr("status", status)
         if config is not None:
             record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), study_name=study.study_name,
                    trial_number=trial.number, **fields)
-        else:
-            trial.set_user_attr("message", fields.get("message", "")[:500])
         outcome.new_trials += 1
         outcome.statuses[status] += 1
+        with _closed_elsewhere(trial):
+            trial.set_user_attr("status", status)
+            if config is None:
+                trial.set_user_attr("message", fields.get("message", "")[:500])
+            if status == "ok":
+                study.tell(trial, _objectives(study, fields["median_ms"], fields.get("rel_error")))
+            else:
+                _tell_failed(study, trial)
         if status == "ok":
-            study.tell(trial, _objectives(study, fields["median_ms"], fields.get("rel_error")))
             self._note_best(outcome, config, fields["median_ms"])
-        else:
-            _tell_failed(study, trial)
         self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
 
     def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:
@@ -497,13 +507,37 @@ def _finished(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """Cancel what the pool has queued and stop its workers now (they ignore SIGINT, and a
+    compile may hang), so the pool's exit does not wait for them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pool keeps them here
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+
+
 def _distinct(study) -> int:
     """Distinct configs the study has settled (repeats of one config count once)."""
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     return len({t.user_attrs.get("config", t.number) for t in finished})
 
 
-_OWNER = f"{socket.gethostname()}:{os.getpid()}"
+_OWNER = f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}:{os.getpid()}"
+# Trials of a run on another host (whose process this one cannot see) count as abandoned only
+# after this long: wall clocks and time zones differ between machines.
+_REMOTE_GRACE_S = 6 * 3600
+
+
+@contextmanager
+def _closed_elsewhere(trial):
+    """Settling a trial that another run has meanwhile closed (it judged this run gone) must
+    not end this run: the measurement is already in the database."""
+    try:
+        yield
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError) as exc:
+        if "finished" not in str(exc).lower() and "cannot tell" not in str(exc).lower():
+            raise
+        warnings.warn(f"trial {trial.number} was closed by another tune; its measurement is stored", RuntimeWarning)
 
 
 def _fail_stale_trials(study, grace_s: float) -> None:
@@ -523,10 +557,14 @@ def _fail_stale_trials(study, grace_s: float) -> None:
 
 
 def _owner_gone(owner: str, started: dt.datetime | None, now: dt.datetime, grace_s: float) -> bool:
+    """Whether the run that owns a RUNNING trial ("host:run-id:pid") is gone: on this host, its
+    process no longer exists; elsewhere, the trial is older than ``grace_s`` (at least
+    _REMOTE_GRACE_S)."""
+    if owner == _OWNER:
+        return False
     host, _, pid = owner.rpartition(":")
+    host = host.split(":")[0]
     if host == socket.gethostname() and pid.isdigit():
-        if int(pid) == os.getpid():
-            return False
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
@@ -534,7 +572,7 @@ def _owner_gone(owner: str, started: dt.datetime | None, now: dt.datetime, grace
         except PermissionError:  # alive, another user's
             return False
         return False
-    return started is None or (now - started).total_seconds() > grace_s
+    return started is None or (now - started).total_seconds() > max(grace_s, _REMOTE_GRACE_S)
 
 
 def _objectives(study, ms: float, rel_error: float | None) -> float | list[float]:

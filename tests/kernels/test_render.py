@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import subprocess
 import sys
@@ -93,6 +94,24 @@ def test_stale_or_tampered_bytecode_is_never_imported(kernel_cache, monkeypatch)
     monkeypatch.setattr(render, "_MODULES", {})
     module = render.load_module(config)
     assert module.CONFIG == config.to_dict() and module.__file__ == str(path)
+
+
+def test_kernels_compile_from_the_verified_source(kernel_cache, monkeypatch):
+    """A cache file changed after it was checked does not reach Triton: the JIT reads each
+    kernel's source through linecache, which holds the rendered text."""
+    config = KernelConfig(BLOCK_M=16, BLOCK_N=16, num_stages=1)
+    rendered = render.render(config)
+    original = render.write_module
+
+    def tampering(r, directory=None):
+        path = original(r, directory)
+        path.write_text(r.source.replace("tl.program_id(0)", "tl.program_id(0) + 0  # TAMPERED"))
+        return path
+
+    monkeypatch.setattr(render, "write_module", tampering)
+    kernel = render._import(rendered).KERNELS["main"]
+    source = getattr(kernel, "src", None) or inspect.getsource(kernel.fn)  # JIT, or the interpreter's wrapper
+    assert "program_id" in source and "TAMPERED" not in source
 
 
 @pytest.mark.parametrize("kind", ["file", "readonly"])

@@ -111,6 +111,8 @@ def test_nearest_tuned_problem(isolated):
     (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], sm_count=-5))), "sm_count"),
     (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], capability="abc"))), "gpu.capability"),
     (lambda t: json.dumps(dict(json.loads(t), gpu=dict(json.loads(t)["gpu"], name="x" * 400))), "gpu.name"),
+    (lambda t: t.replace('"batch": 1,', '"batch": 1' + "0" * 5000 + ","), "not a config file"),
+    (lambda t: t.replace('"causal": false', '"causal": "false"'), "causal must be true or false"),
 ])
 def test_bad_files_are_refused_and_change_nothing(tmp_path, isolated, mangle, message):
     problem = Problem(1, 2, 2, 24, 24, 16, "float16")

@@ -151,8 +151,8 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
     assert state["live"] == state["mine"] == state["remote-recent"] == TrialState.RUNNING
     assert state["dead"] == state["legacy"] == TrialState.FAIL
     now = dt.datetime.now()  # another host's trial: gone once older than the grace period
-    assert search._owner_gone("elsewhere:2", now - dt.timedelta(hours=2), now, grace_s=3600)
-    assert not search._owner_gone("elsewhere:2", now - dt.timedelta(minutes=5), now, grace_s=3600)
+    assert search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=7), now, grace_s=3600)
+    assert not search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=2), now, grace_s=3600)
 
 
 def test_progress_lines_when_not_on_a_terminal():
@@ -173,3 +173,24 @@ def test_progress_lines_when_not_on_a_terminal():
     reporter.finish([outcome])
     line = next(x for x in buffer.getvalue().splitlines() if x.startswith("tuned problem:"))
     assert problem.key in line and "TFLOPS: -;" in line
+
+
+def test_a_trial_closed_by_another_run_does_not_end_this_one(tmp_path):
+    """If another tune judged this run gone and failed its trial, settling it warns and the
+    run goes on (the measurement is already stored)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from fa_autotune.tune import search
+
+    storage = connect(f"sqlite:///{tmp_path / 'db.sqlite'}").optuna_storage()
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    with pytest.warns(RuntimeWarning, match="closed by another tune"):
+        with search._closed_elsewhere(trial):
+            trial.set_user_attr("status", "ok")
+            study.tell(trial, 1.0)
+    with pytest.raises(ZeroDivisionError):  # anything else still propagates
+        with search._closed_elsewhere(trial):
+            1 / 0
