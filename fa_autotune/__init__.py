@@ -17,12 +17,12 @@ from .errors import ConfigError, FaAutotuneError, InputError
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 
-__all__ = ["attention", "attention_fp8", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
+__all__ = ["attention", "attention_fp8", "attention_varlen", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
            "InputError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("attention", "attention_fp8", "explain"):
+    if name in ("attention", "attention_fp8", "attention_varlen", "explain"):
         from .runtime import api
 
         return getattr(api, name)

@@ -41,7 +41,7 @@ from .launcher import Launch, prepare, resolve_scale
 HOPPER = (9, 0)
 # Largest dynamic shared memory one block may use, per compute capability (bytes).
 SHARED_MEMORY_LIMIT = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (8, 9): 101376, (10, 0): 232448}
-_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
                  torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.int8: "i8"}
 
 

@@ -287,6 +287,72 @@ else:
 
 
 # ------------------------------------------------------------------ one call
+_VARLEN = ("Q", "K", "V", "Out", "Lse", "CuSeqQ", "CuSeqK")
+
+
+def varlen_config(config: KernelConfig) -> KernelConfig:
+    """The same tiles as a kernel that takes packed variable-length sequences: Q-outer in
+    Triton over plain pointers, one program per tile (block pointers stay; TMA descriptors,
+    persistent grids and warp specialization need per-launch bases). Other loop orders and
+    Gluon configs give the Q-outer default tiles."""
+    if config.language != "triton" or config.loop_order != "q_outer":
+        return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    access = "pointer" if config.access == "tensor_desc" else config.access
+    return config.with_(access=access, warp_specialize=False, persistent=0, tile_order="seq")
+
+
+def run_varlen(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+               cu_k: torch.Tensor, max_q: int, scale: float, causal: bool, out: torch.Tensor,
+               lse: torch.Tensor | None) -> None:
+    """Packed sequences (flash-attn's varlen layout): q (total_q, H, D), k/v (total_k, Hkv, D),
+    sequence b in rows cu_q[b]..cu_q[b+1] (keys cu_k), validated by the caller; ``config``
+    as :func:`varlen_config` gives it. LSE (H, total_q). One launch, no host synchronisation."""
+    if q.shape[0] == 0 or cu_q.numel() < 2 or max_q == 0:
+        if lse is not None:
+            lse.fill_(-math.inf)
+        return
+    check_interpretable(q)
+    launch, args = varlen_launch(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
+    try:
+        launch(*args)
+    except Exception as exc:
+        failure = explain_launch_failure(config, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+def varlen_launch(config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
+                  lse) -> tuple[Launch, tuple]:
+    """The variable-length kernel's launch and its per-call tensors (also what ahead-of-time
+    compilation specialises on)."""
+    batch, heads, head_dim = cu_q.numel() - 1, q.shape[1], q.shape[2]
+    kernel = load_module(config).KERNELS.get("varlen")
+    if kernel is None:
+        raise ConfigError("access", f"{config.name} has no variable-length kernel (see varlen_config)")
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
+                               "qk_scale": scale * LOG2E}
+    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):  # packed: no batch stride
+        scalars.update({f"stride_{prefix}b": 0, f"stride_{prefix}h": t.stride(1), f"stride_{prefix}n": t.stride(0),
+                        f"stride_{prefix}d": t.stride(2)})
+    fp8_capable = "FP8" in kernel.arg_names
+    flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "EVEN_N": False,
+             "WRITE_LSE": lse is not None, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+    tensors = _VARLEN
+    if fp8_capable:  # the same body as the dense kernel, its FP8 path compiled out
+        scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
+        scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+        flags["FP8"] = False
+        tensors = _VARLEN + _FP8_SCALES
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.maxnreg:
+        options["maxnreg"] = config.maxnreg
+    grid = (triton.cdiv(max(max_q, 1), config.BLOCK_M * config.q_tiles) * max(batch, 1) * heads,)
+    launch = Launch(kernel, grid, tensors, scalars, flags, options)
+    return launch, (q, k, v, out, lse, cu_q, cu_k, *(_NO_SCALES if fp8_capable else ()))
+
+
 def resolve_scale(scale: float | None, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)

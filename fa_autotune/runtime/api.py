@@ -19,7 +19,8 @@ import torch
 from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import check_config, check_fp8_scales, per_block, tma_compatible
-from ..kernels.launcher import Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run
+from ..kernels.launcher import (Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run,
+                                run_varlen, varlen_config)
 from ..spec.config import KernelConfig
 from ..spec.defaults import default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
@@ -287,6 +288,91 @@ def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
             _PLANS.clear()
         _PLANS[key] = plan
     return plan
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_softmax_lse: bool = False,
+    config: Mapping[str, Any] | KernelConfig | None = None,
+):
+    """Attention over a batch of sequences of different lengths, packed without padding: a
+    drop-in for flash-attn's ``flash_attn_varlen_func``. q (total_q, heads_q, D), k and v
+    (total_k, heads_kv, D); sequence b owns rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q
+    and ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of k and v (int32, length batch + 1).
+    ``causal=True`` aligns the diagonal bottom-right per sequence (the last query sees every
+    key), as flash-attn does. Returns the output (total_q, heads_q, D) and, with
+    ``return_softmax_lse=True``, also the natural-log LSE (heads_q, total_q), fp32. The
+    lengths are checked on the host (one small copy) except while a CUDA graph is being
+    captured, where they are trusted. ``config``: as for :func:`attention` (a Q-outer Triton
+    variant; TMA access becomes plain pointers)."""
+    _refuse_grad(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise InputError(f"{name} must be a 3-dim tensor (total_tokens, heads, head_dim), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    # The (1, heads, tokens, D) views get the same checks attention() makes.
+    dense = problem_from_tensors(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
+                                 v.unsqueeze(0).transpose(1, 2), causal=causal)
+    if dense.is_fp8:
+        raise InputError("attention_varlen takes float16, bfloat16 or float32 tensors, not FP8")
+    batch = _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    problem = Problem(batch, dense.heads_q, dense.heads_kv, max_seqlen_q, max_seqlen_k, dense.head_dim, dense.dtype,
+                      causal, "bottom_right")
+    sm_scale = resolve_scale(softmax_scale, problem.head_dim)
+    if config is None:
+        chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+    else:
+        chosen = KernelConfig.from_mapping(config)
+    chosen = varlen_config(chosen)
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if return_softmax_lse else None
+    if k.shape[0] == 0:  # no keys anywhere: zeros, as for attention()
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf)
+    else:
+        run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k) -> int:
+    """Shapes, dtypes and devices always; the values (0 first, non-decreasing, ending at the
+    token counts, no sequence longer than its max_seqlen: past it rows would silently go
+    unwritten) unless a CUDA graph is being captured. Returns the batch size."""
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 1:
+            raise InputError(f"{name} must be a 1-dim int32 tensor of batch + 1 offsets, got "
+                             f"{(cu.dtype, tuple(cu.shape)) if isinstance(cu, torch.Tensor) else type(cu).__name__}")
+        if cu.device != q.device:
+            raise InputError(f"{name} is on {cu.device}, q on {q.device}")
+    if cu_q.numel() != cu_k.numel():
+        raise InputError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                         f"{cu_q.numel()} and {cu_k.numel()}")
+    for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name} must be a non-negative int, got {value!r}")
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        for name, cu, total, longest in (("cu_seqlens_q", cu_q, q.shape[0], max_q),
+                                         ("cu_seqlens_k", cu_k, k.shape[0], max_k)):
+            offsets = cu.tolist()
+            lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+            if offsets[0] != 0 or any(n < 0 for n in lengths) or offsets[-1] != total:
+                raise InputError(f"{name} must start at 0, never decrease and end at the {total} packed tokens, "
+                                 f"got {offsets[:8]}{'...' if len(offsets) > 8 else ''}")
+            if lengths and max(lengths) > longest:
+                raise InputError(f"a sequence has {max(lengths)} tokens, more than max_seqlen "
+                                 f"{longest} ({name})")
+    return cu_q.numel() - 1
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,

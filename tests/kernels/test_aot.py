@@ -184,3 +184,38 @@ def test_reports_registers_and_spills():
     fits, spills = (compile_many([c], CAUSAL, jobs=1)[0].kernels[0] for c in (two, one))
     assert fits.registers and fits.stack_bytes == 0
     assert spills.stack_bytes > 512
+
+
+@pytest.mark.parametrize("config", [KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+                                    KernelConfig(BLOCK_M=64, BLOCK_N=64, access="block_ptr", q_tiles=2)],
+                         ids=lambda c: c.name)
+def test_varlen_kernels_compile_for_hopper(tmp_path, config):
+    """attention_varlen's kernel (the Q-outer body over packed sequences) compiles for sm_90
+    in a fresh process, with wgmma."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "compile_varlen.py"
+    script.write_text(f"""
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fa_autotune.kernels.aot import _specialize
+from fa_autotune.kernels.launcher import varlen_launch
+from fa_autotune.spec.config import KernelConfig
+config = KernelConfig.from_mapping({config.to_dict()!r})
+q = torch.empty(3000, 16, 128, device="meta", dtype=torch.bfloat16)
+k = torch.empty(3500, 4, 128, device="meta", dtype=torch.bfloat16)
+cu = torch.empty(5, device="meta", dtype=torch.int32)
+launch, args = varlen_launch(config, q, k, k, cu, cu, 1024, 0.1, True, torch.empty_like(q),
+                             torch.empty(16, 3000, device="meta"))
+signature, consts, attrs = _specialize(launch, args + launch.fixed)
+compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=launch.options)
+print("wgmma" in compiled.asm["ptx"], compiled.metadata.shared)
+""")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    uses_wgmma, shared = result.stdout.split()
+    assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]

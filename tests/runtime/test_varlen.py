@@ -1,0 +1,120 @@
+"""attention_varlen: flash-attn's packed variable-length layout, in Triton's interpreter,
+against float32 attention on each sequence alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_autotune
+from fa_autotune import ConfigError, InputError
+from helpers import assert_close_to_reference
+
+
+def packed(lens_q, lens_k, heads_q=4, heads_kv=2, head_dim=32, dtype=torch.float16, device="cpu"):
+    q = torch.randn(sum(lens_q), heads_q, head_dim, dtype=dtype, device=device)
+    k = torch.randn(sum(lens_k), heads_kv, head_dim, dtype=dtype, device=device)
+    v = torch.randn(sum(lens_k), heads_kv, head_dim, dtype=dtype, device=device)
+
+    def offsets(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    return q, k, v, offsets(lens_q), offsets(lens_k)
+
+
+def check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal, scale=None):
+    for b in range(cu_q.numel() - 1):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if rows.stop == rows.start:
+            continue
+        as_dense = [t[s].transpose(0, 1).unsqueeze(0) for t, s in ((q, rows), (k, keys), (v, keys))]
+        assert_close_to_reference(out[rows].transpose(0, 1).unsqueeze(0), *as_dense, causal=causal, scale=scale,
+                                  causal_align="bottom_right",
+                                  lse=None if lse is None else lse[:, rows].unsqueeze(0))
+
+
+CONFIGS = {
+    "dispatched": None,
+    "block_ptr": {"BLOCK_M": 16, "BLOCK_N": 16, "access": "block_ptr", "num_stages": 1},
+    "two-q-tiles": {"BLOCK_M": 16, "BLOCK_N": 32, "q_tiles": 2},
+    "masked": {"BLOCK_M": 32, "BLOCK_N": 16, "causal_mode": "masked"},
+    "tma-borrowed": {"BLOCK_M": 16, "BLOCK_N": 16, "access": "tensor_desc"},  # runs over pointers
+    "kv-outer-borrowed": {"loop_order": "kv_outer", "BLOCK_M": 16, "BLOCK_N": 16, "q_tiles": 2},
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_mixed_lengths_match_each_sequence(config, causal):
+    """Sequences longer and shorter than their keys, an empty one, odd lengths, GQA."""
+    q, k, v, cu_q, cu_k = packed([5, 0, 33, 17, 1], [9, 4, 33, 40, 1])
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 33, 40, causal=causal, return_softmax_lse=True,
+                                            config=CONFIGS[config])
+    assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+@pytest.mark.parametrize("dtype, head_dim", [(torch.float32, 80), (torch.float16, 16)])
+def test_dtypes_head_dims_scale_and_mqa(dtype, head_dim):
+    q, k, v, cu_q, cu_k = packed([20, 7], [20, 30], heads_q=4, heads_kv=1, head_dim=head_dim, dtype=dtype)
+    out = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 20, 30, softmax_scale=0.2, causal=True)
+    check_each_sequence(out, None, q, k, v, cu_q, cu_k, True, scale=0.2)
+
+
+def test_sequences_without_keys_give_zeros():
+    q, k, v, cu_q, cu_k = packed([3, 4], [0, 5])
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 4, 5, return_softmax_lse=True)
+    assert torch.equal(out[:3], torch.zeros_like(out[:3])) and torch.isinf(lse[:, :3]).all()
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, False)
+    q, k, v, cu_q, cu_k = packed([3], [0])  # no keys at all
+    assert torch.equal(fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 3, 0), torch.zeros_like(q))
+
+
+def test_packed_equals_dense_when_lengths_are_equal():
+    """Equal lengths: the same numbers as attention() on the (B, H, N, D) view."""
+    q, k, v, cu_q, cu_k = packed([24, 24, 24], [24, 24, 24])
+    config = {"BLOCK_M": 16, "BLOCK_N": 16}
+    out = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 24, 24, causal=True, config=config)
+    dense = [t.view(3, 24, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v)]
+    expected = fa_autotune.attention(*dense, causal=True, config=config).transpose(1, 2).reshape(q.shape)
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda a: dict(a, q=a["q"][None]), "3-dim tensor"),
+    (lambda a: dict(a, cu_seqlens_q=a["cu_seqlens_q"].long()), "int32"),
+    (lambda a: dict(a, cu_seqlens_k=a["cu_seqlens_k"][:-1]), "same length"),
+    (lambda a: dict(a, cu_seqlens_q=torch.tensor([0, 9, 5, 12], dtype=torch.int32)), "never decrease"),
+    (lambda a: dict(a, cu_seqlens_q=torch.tensor([0, 5, 9, 11], dtype=torch.int32)), "end at the 12"),
+    (lambda a: dict(a, max_seqlen_q=4), "more than max_seqlen 4"),
+    (lambda a: dict(a, max_seqlen_k=-1), "max_seqlen_k must be"),
+    (lambda a: dict(a, k=a["k"][:, :, :16], v=a["v"][:, :, :16]), "head_dim differs"),
+    (lambda a: dict(a, q=a["q"].to(torch.bfloat16), k=a["k"].to(torch.bfloat16), v=a["v"].to(torch.bfloat16)),
+     "bfloat16 tensors on the CPU"),
+    (lambda a: dict(a, q=a["q"].clone().requires_grad_()), "no attention backward"),
+])
+def test_bad_input_is_refused_before_any_kernel(mutate, message):
+    q, k, v, cu_q, cu_k = packed([5, 4, 3], [6, 6, 6])
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=6)
+    with pytest.raises(InputError, match=message):
+        fa_autotune.attention_varlen(**mutate(args))
+
+
+def test_bad_config_names_the_parameter():
+    q, k, v, cu_q, cu_k = packed([5], [6])
+    with pytest.raises(ConfigError) as info:
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 5, 6, config={"BLOCK_M": 48})
+    assert info.value.parameter == "BLOCK_M"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_mixed_lengths(dtype, causal):
+    """Realistic sizes on the GPU, through the dispatcher (its Hopper default is a Gluon
+    kernel, whose tiles the varlen path turns into a Q-outer Triton one)."""
+    lens_q, lens_k = [1, 777, 2048, 0, 1500, 64], [300, 777, 2048, 10, 3000, 64]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=128, dtype=dtype, device="cuda")
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                            return_softmax_lse=True)
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
