@@ -26,6 +26,9 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
             _check_tma_layout(name, t)
     if config.language == "gluon":
         _check_gluon(problem, device, capability)
+    elif config.access != "tensor_desc":
+        for name, t in zip("qkv", tensors[:3]):
+            check_offsets(name, t.shape[2], t.shape[3], t.stride(2), t.stride(3), config.access)
     if config.warp_specialize:
         _check_warp_specialize(config, problem, capability)
     if problem.is_fp8:
@@ -34,6 +37,20 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
     if limit is not None and config.rescale_threshold > limit:
         raise ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
                           f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
+
+
+MAX_OFFSET = 2**31 - 1  # pointer and block-pointer kernels index within one head in 32 bits
+
+
+def check_offsets(name: str, rows: int, cols: int, stride_row: int, stride_col: int, access: str) -> None:
+    """One head of ``name`` must be addressable with 32-bit offsets by pointer and
+    block-pointer kernels (heads and batches are offset in 64 bits): past that, loads would
+    wrap around and read the wrong memory."""
+    span = max(rows - 1, 0) * abs(stride_row) + max(cols - 1, 0) * abs(stride_col)
+    if span > MAX_OFFSET:
+        raise ConfigError("access", f"{name}: one head spans {span} elements, past the 32-bit offsets of "
+                          f"access={access!r} kernels; use access='tensor_desc' (Hopper, TMA) or store the "
+                          "heads outermost (batch, heads, seqlen, head_dim)")
 
 
 def _check_gluon(problem: Problem, device: torch.device, capability: tuple[int, int] | None) -> None:

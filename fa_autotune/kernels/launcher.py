@@ -298,7 +298,7 @@ def varlen_config(config: KernelConfig) -> KernelConfig:
     if config.language != "triton" or config.loop_order != "q_outer":
         return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     access = "pointer" if config.access == "tensor_desc" else config.access
-    return config.with_(access=access, warp_specialize=False, persistent=0, tile_order="seq")
+    return config.with_(access=access, warp_specialize=False, persistent=0, tile_order="seq", fp8_pv="separate")
 
 
 def run_varlen(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,

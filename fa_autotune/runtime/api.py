@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -18,7 +19,7 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
-from ..kernels.checks import check_config, check_fp8_scales, per_block, tma_compatible
+from ..kernels.checks import check_config, check_fp8_scales, check_offsets, per_block, tma_compatible
 from ..kernels.launcher import (Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run,
                                 run_varlen, varlen_config)
 from ..spec.config import KernelConfig
@@ -238,7 +239,8 @@ def _dispatched(problem: Problem, q, k, v) -> Choice:
         usable = _adapt(default, problem, q, k, v)
         if usable is not None:
             return Choice(usable, "default", None, float("inf"), "built-in")
-    return Choice(default, "default", None, float("inf"), "built-in")  # run() names what is wrong
+    check_config(default, problem, q, k, v)  # nothing can run these tensors: raises, naming why
+    return Choice(default, "default", None, float("inf"), "built-in")
 
 
 def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
@@ -298,9 +300,15 @@ def attention_varlen(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    *,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
     return_softmax_lse: bool = False,
     config: Mapping[str, Any] | KernelConfig | None = None,
 ):
@@ -313,8 +321,19 @@ def attention_varlen(
     ``return_softmax_lse=True``, also the natural-log LSE (heads_q, total_q), fp32. The
     lengths are checked on the host (one small copy) except while a CUDA graph is being
     captured, where they are trusted. ``config``: as for :func:`attention` (a Q-outer Triton
-    variant; TMA access becomes plain pointers)."""
+    variant; TMA access becomes plain pointers).
+
+    flash-attn's other arguments are taken in its order so calls port unchanged:
+    ``deterministic`` (the forward always is), ``return_attn_probs=True`` returns
+    (out, lse, None) as flash-attn's (out, softmax_lse, S_dmask) minus the probabilities;
+    dropout, sliding windows, softcapping and ALiBi are refused with an InputError."""
     _refuse_grad(q, k, v)
+    unsupported = {"dropout_p": dropout_p not in (0, 0.0), "window_size": tuple(window_size) != (-1, -1),
+                   "softcap": softcap not in (0, 0.0), "alibi_slopes": alibi_slopes is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise InputError(f"{name}: not supported by attention_varlen (dropout, sliding windows, softcapping "
+                             "and ALiBi are not implemented); pass the default")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             raise InputError(f"{name} must be a 3-dim tensor (total_tokens, heads, head_dim), got "
@@ -325,6 +344,7 @@ def attention_varlen(
     if dense.is_fp8:
         raise InputError("attention_varlen takes float16, bfloat16 or float32 tensors, not FP8")
     batch = _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
     problem = Problem(batch, dense.heads_q, dense.heads_kv, max_seqlen_q, max_seqlen_k, dense.head_dim, dense.dtype,
                       causal, "bottom_right")
     sm_scale = resolve_scale(softmax_scale, problem.head_dim)
@@ -333,14 +353,19 @@ def attention_varlen(
     else:
         chosen = KernelConfig.from_mapping(config)
     chosen = varlen_config(chosen)
+    for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
+        check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)
-    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if return_softmax_lse else None
+    want_lse = return_softmax_lse or return_attn_probs
+    lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if want_lse else None
     if k.shape[0] == 0:  # no keys anywhere: zeros, as for attention()
         out.zero_()
         if lse is not None:
             lse.fill_(-math.inf)
     else:
         run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse)
+    if return_attn_probs:
+        return out, lse, None
     return (out, lse) if return_softmax_lse else out
 
 
@@ -354,11 +379,13 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k) -> int:
                              f"{(cu.dtype, tuple(cu.shape)) if isinstance(cu, torch.Tensor) else type(cu).__name__}")
         if cu.device != q.device:
             raise InputError(f"{name} is on {cu.device}, q on {q.device}")
+        if not cu.is_contiguous():
+            raise InputError(f"{name} must be contiguous (the kernel reads the offsets in a row)")
     if cu_q.numel() != cu_k.numel():
         raise InputError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                          f"{cu_q.numel()} and {cu_k.numel()}")
     for name, value in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise InputError(f"{name} must be a non-negative int, got {value!r}")
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if not capturing:

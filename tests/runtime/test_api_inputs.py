@@ -173,3 +173,13 @@ def test_explain_is_valid_json_without_a_match():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 32)
     info = fa_autotune.explain(q, k, v)
     assert info["distance"] is None and json.loads(json.dumps(info, allow_nan=False)) == info
+
+
+def test_heads_past_32_bit_offsets_are_refused():
+    """Pointer kernels address one head in 32 bits: a head spanning more is a clear error
+    (dispatched or explicit), never a wrapped-around read."""
+    q, k, v = make_qkv(1, 2, 2, 4, 4, 32)
+    wide = torch.empty(0, dtype=q.dtype).set_(q.untyped_storage(), 0, (1, 2, 4, 32), (0, 32, 2**30, 1))  # never read
+    for config in (None, {"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 16, "access": "block_ptr"}):
+        with pytest.raises(ConfigError, match="32-bit offsets"):
+            attention(wide, k, v, config=config)

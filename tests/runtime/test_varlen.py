@@ -91,6 +91,11 @@ def test_packed_equals_dense_when_lengths_are_equal():
     (lambda a: dict(a, q=a["q"].to(torch.bfloat16), k=a["k"].to(torch.bfloat16), v=a["v"].to(torch.bfloat16)),
      "bfloat16 tensors on the CPU"),
     (lambda a: dict(a, q=a["q"].clone().requires_grad_()), "no attention backward"),
+    (lambda a: dict(a, cu_seqlens_q=torch.stack([a["cu_seqlens_q"], a["cu_seqlens_q"]], 1).reshape(-1)[::2]),
+     "must be contiguous"),
+    (lambda a: dict(a, dropout_p=0.1), "dropout_p: not supported"),
+    (lambda a: dict(a, window_size=(128, 0)), "window_size: not supported"),
+    (lambda a: dict(a, softcap=30.0), "softcap: not supported"),
 ])
 def test_bad_input_is_refused_before_any_kernel(mutate, message):
     q, k, v, cu_q, cu_k = packed([5, 4, 3], [6, 6, 6])
@@ -118,3 +123,26 @@ def test_gpu_mixed_lengths(dtype, causal):
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                             return_softmax_lse=True)
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+def test_flash_attn_call_forms_port_unchanged():
+    """flash_attn_varlen_func's positional order (dropout_p before softmax_scale), numpy ints
+    for the lengths, return_attn_probs giving the LSE, an fp8_pv knob borrowed from a dense
+    config (its LSE must land in the packed layout)."""
+    import numpy as np
+
+    q, k, v, cu_q, cu_k = packed([10, 20, 5], [10, 20, 5], heads_q=2, heads_kv=2)
+    out, lse, probs = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, np.int64(20), np.int32(20), 0.0, None, True,
+                                                   return_attn_probs=True,
+                                                   config={"BLOCK_M": 16, "BLOCK_N": 16, "fp8_pv": "inplace"})
+    assert probs is None
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, True)
+
+
+def test_heads_past_32_bit_offsets_are_refused():
+    """A sequence whose rows span more than 2**31 elements cannot be addressed by the pointer
+    kernels: a clear error, not a wrapped-around read."""
+    q, k, v, cu_q, cu_k = packed([4], [4], heads_q=2, heads_kv=2)
+    wide = torch.empty(0, dtype=q.dtype).set_(q.untyped_storage(), 0, (4, 2, 32), (2**30, 32, 1))  # never read
+    with pytest.raises(ConfigError, match="32-bit offsets"):
+        fa_autotune.attention_varlen(wide, k, v, cu_q, cu_k, 4, 4)
