@@ -7,6 +7,8 @@ import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from ..spec.config import KernelConfig
@@ -25,30 +27,42 @@ class Ids:
     software: int
 
 
-def _get_or_create(session: Session, model, unique: dict, **extra):
+def get_or_create(session: Session, model, unique: dict, **extra):
+    """The row with these unique values, inserted if missing. Another process may insert it
+    between our look and our insert (two tunes sharing a database): on SQLite and
+    PostgreSQL the insert is ``ON CONFLICT DO NOTHING`` and the row is read again, so the
+    race is absorbed instead of failing with a unique-constraint error."""
     row = session.scalar(select(model).filter_by(**unique))
-    if row is None:
+    if row is not None:
+        return row
+    insert = _CONFLICT_INSERTS.get(session.get_bind().dialect.name)
+    if insert is None:  # other databases: the plain insert
         row = model(**unique, **extra)
         session.add(row)
         session.flush()
-    return row
+        return row
+    session.execute(insert(model).values(**unique, **extra).on_conflict_do_nothing(index_elements=list(unique)))
+    return session.scalars(select(model).filter_by(**unique).execution_options(populate_existing=True)).one()
+
+
+_CONFLICT_INSERTS = {"sqlite": sqlite_insert, "postgresql": postgresql_insert}
 
 
 def gpu_row(session: Session, gpu: GpuInfo) -> GpuModel:
-    return _get_or_create(session, GpuModel, gpu.to_dict())
+    return get_or_create(session, GpuModel, gpu.to_dict())
 
 
 def software_row(session: Session, sw: SoftwareInfo) -> SoftwareModel:
-    return _get_or_create(session, SoftwareModel, sw.to_dict())
+    return get_or_create(session, SoftwareModel, sw.to_dict())
 
 
 def problem_row(session: Session, problem: Problem) -> ProblemModel:
-    return _get_or_create(session, ProblemModel, {"key": problem.key}, **{
+    return get_or_create(session, ProblemModel, {"key": problem.key}, **{
         k: v for k, v in problem.to_dict().items()})
 
 
 def config_row(session: Session, config: KernelConfig) -> ConfigModel:
-    return _get_or_create(session, ConfigModel, {"hash": config.key}, name=config.name, json=config.canonical_json())
+    return get_or_create(session, ConfigModel, {"hash": config.key}, name=config.name, json=config.canonical_json())
 
 
 def identities(db: Database, problem: Problem, gpu: GpuInfo, sw: SoftwareInfo) -> Ids:

@@ -21,7 +21,7 @@ from ..spec.tuned import FrontPoint, Tuned, Winner
 from .db import Database, safe_url
 from .filters import Filters
 from .models import BestModel, ConfigModel, GpuModel, ParetoModel, ProblemModel, SoftwareModel
-from .records import Ids, config_row, gpu_row, problem_row, software_row
+from .records import Ids, config_row, get_or_create, gpu_row, problem_row, software_row
 
 
 # ------------------------------------------------------------------ writing
@@ -70,10 +70,10 @@ def _put_winner(s: Session, ids: Ids, winner: Winner, configs: dict[KernelConfig
         if configs is not None:
             configs[winner.config] = config_id
     config_id = configs[winner.config] if configs is not None else config_id
-    row = s.scalar(select(BestModel).filter_by(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software))
-    if row is None:
-        row = BestModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software, config_id=config_id)
-        s.add(row)
+    # Two runs deciding the same problem at once: the row is created once (the race absorbed),
+    # the later decision wins.
+    row = get_or_create(s, BestModel, {"problem_id": ids.problem, "gpu_id": ids.gpu, "software_id": ids.software},
+                        config_id=config_id, median_ms=winner.median_ms, tflops=winner.tflops)
     row.config_id = config_id
     row.median_ms, row.tflops, row.rel_error, row.ties = winner.median_ms, winner.tflops, winner.rel_error, winner.ties
     row.study_name, row.source = winner.study_name, winner.source

@@ -123,3 +123,58 @@ def test_version_1_database_gains_the_pareto_table(db):
     assert [(r.config, r.median_ms, r.max_error) for r in rows] == [(exact, 1.4, 0.3)]
     with upgraded.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM fa_measurements")).scalar() == 1
+
+
+def test_a_row_inserted_by_another_run_meanwhile_is_absorbed(db):
+    """Two tunes sharing a database: another run inserts the same problem (or config, GPU,
+    software, winner) between our look and our insert. The insert yields to it instead of
+    failing on the unique constraint."""
+    from fa_autotune.store.records import config_row, problem_row
+
+    problem, config = Problem(1, 2, 2, 64, 64, 32, "float16"), KernelConfig(BLOCK_M=16, BLOCK_N=16)
+    with db.session() as other:  # the other run, committed
+        problem_row(other, problem)
+        config_row(other, config)
+    with db.session() as s:
+        real, looks = s.scalar, []
+
+        def looked_before_the_other_insert(statement, *args, **kwargs):
+            looks.append(statement)
+            return None if len(looks) <= 2 else real(statement, *args, **kwargs)
+
+        s.scalar = looked_before_the_other_insert
+        assert problem_row(s, problem).key == problem.key
+        assert config_row(s, config).hash == config.key
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM fa_problems")).scalar() == 1
+        assert conn.execute(text("SELECT COUNT(*) FROM fa_configs")).scalar() == 1
+
+
+def test_concurrent_writers_share_identities(tmp_path):
+    """Four processes registering the same 40 problems and configs at once: no errors, one
+    row each."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    connect(url).dispose()  # the schema, once
+    script = tmp_path / "writer.py"
+    script.write_text(f"""
+import time
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.store import connect
+from fa_autotune.store.records import config_row, problem_row
+db = connect({url!r})
+time.sleep(max(0.0, {__import__('time').time() + 3.0} - time.time()))  # start together
+for i in range(40):
+    with db.session() as s:
+        problem_row(s, Problem(1, 2, 2, 64 + i, 64, 32, "float16"))
+        config_row(s, KernelConfig(BLOCK_M=16, BLOCK_N=16, num_stages=1 + i % 4, num_warps=2 ** (1 + i % 3)))
+""")
+    procs = [subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(errors)
+    with connect(url).engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM fa_problems")).scalar() == 40
+        assert conn.execute(text("SELECT COUNT(*) FROM fa_configs")).scalar() == 12
