@@ -282,3 +282,17 @@ def test_import_shows_progress(env, tmp_path, db_url):
     result = cli("import", str(path), "--db", db_url, env=env)
     assert "importing: 1000/2100" in result.stderr and "importing: 2000/2100" in result.stderr
     assert "imported 2100 tuned configs" in result.stdout
+
+
+def test_two_tunes_of_one_problem_share_a_database(env, db_url):
+    """Two runs of the same tune at once: neither fails the other's trials in flight nor
+    crashes on rows the other wrote; both finish and every measurement is kept."""
+    args = ["tune", *TINY, "--causal", "--trials", "6", "--jobs", "1", "--db", db_url, "--quiet"]
+    procs = [subprocess.Popen([sys.executable, "-m", "fa_autotune", *args, "--seed", str(seed)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for proc, (out, err) in zip(procs, results):
+        assert proc.returncode == 0, err[-3000:]
+        assert "Traceback" not in err
+    search = [r for r in measurements(db_url) if r[2] == "search"]
+    assert len({r[0] for r in search}) >= 6
