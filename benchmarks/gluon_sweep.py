@@ -38,6 +38,15 @@ VARIANT_SETS = {
         "m64x2 n64 s3 pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, persistent=1),
         "m64x2 n64 s3 plain pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, overlap=False, persistent=1),
     },
+    # one K/V loop choosing masked steps at run time against two loops (not yet measured)
+    "one_loop": {
+        "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "m64x2 n128 s2 pers 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
+                                          one_loop=True),
+        "m64x2 n128 s2 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, persistent=1),
+        "m64x2 n128 s2 plain pers 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False,
+                                                persistent=1, one_loop=True),
+    },
     # 2026-12-01-h200-gluon-sweep-consumers.md: two consumer warpgroups against three
     "consumers": {
         "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),

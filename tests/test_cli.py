@@ -287,6 +287,9 @@ def test_import_shows_progress(env, tmp_path, db_url):
 def test_two_tunes_of_one_problem_share_a_database(env, db_url):
     """Two runs of the same tune at once: neither fails the other's trials in flight nor
     crashes on rows the other wrote; both finish and every measurement is kept."""
+    from fa_autotune.store import connect
+
+    connect(db_url).optuna_storage()  # an existing results database (creating one at once is issue 17's)
     args = ["tune", *TINY, "--causal", "--trials", "6", "--jobs", "1", "--db", db_url, "--quiet"]
     procs = [subprocess.Popen([sys.executable, "-m", "fa_autotune", *args, "--seed", str(seed)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]

@@ -40,9 +40,9 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False}
+                      "overlap": True, "pingpong": False, "one_loop": False}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
-GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong")
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop")
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,10 @@ class KernelConfig:
     consumer_regs: int = 240
     overlap: bool = True
     pingpong: bool = False
+    # Gluon, causal_mode "split": the unmasked and the masked K/V steps in one loop that picks
+    # at run time, instead of two loops handing P across (that hand-over cost 32 extra SASS
+    # register moves per step under Triton 3.6).
+    one_loop: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -164,6 +168,8 @@ class KernelConfig:
             parts.append("ov")
         if self.pingpong:
             parts.append("pp")
+        if self.one_loop:
+            parts.append("1loop")
         if self.persistent:
             parts.append(f"pers{self.persistent}")
         return "_".join(parts)
@@ -245,7 +251,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_choice("language", cfg.language, LANGUAGES)
     _check_choice("consumers", cfg.consumers, GLUON_CONSUMERS)
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
-    for name in ("overlap", "pingpong"):
+    for name in ("overlap", "pingpong", "one_loop"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
     if cfg.language == "triton":
@@ -270,5 +276,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     if _WARPGROUP_REGS - cfg.consumers * cfg.consumer_regs < _MIN_REGS:
         raise ConfigError("consumer_regs", f"{cfg.consumers} consumers at {cfg.consumer_regs} leave the producer "
                           f"fewer than {_MIN_REGS} registers (ptxas would drop setmaxnreg)")
+    if cfg.one_loop and cfg.causal_mode != "split":
+        raise ConfigError("one_loop", "one_loop merges the split mode's two K/V loops: it needs causal_mode='split'")
     if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
         raise ConfigError("pingpong", "ping-pong needs consumers=2 and overlap=true")

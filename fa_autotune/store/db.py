@@ -7,6 +7,7 @@ newer ones, so a database is never silently rewritten by the wrong version.
 from __future__ import annotations
 
 import os
+import time
 import urllib.parse
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -71,7 +72,7 @@ class Database:
             if readonly:
                 check_readable(self.engine)
             else:
-                upgrade(self.engine)
+                _schema_race_retried(lambda: upgrade(self.engine))
         except DatabaseError:
             self.engine.dispose()
             raise
@@ -110,12 +111,29 @@ class Database:
 
         kwargs = {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if self.is_sqlite else {}
         try:
-            return optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs, skip_compatibility_check=False)
+            return _schema_race_retried(
+                lambda: optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs, skip_compatibility_check=False))
         except Exception as exc:
             raise DatabaseError(f"Optuna cannot use {safe_url(self.url)}: {exc}") from None
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _schema_race_retried(create, attempts: int = 6):
+    """``create()``, again if another process created the same tables first: several tunes
+    started at once on a fresh database all try to create the schema (theirs and Optuna's,
+    with its version rows), and all but one see "already exists" or a unique-constraint
+    error; the retry then finds the schema in place."""
+    for attempt in range(attempts):
+        try:
+            return create()
+        except Exception as exc:
+            message = str(exc).lower()
+            raced = any(sign in message for sign in ("already exists", "unique constraint failed", "duplicate key"))
+            if not raced or attempt == attempts - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
 
 
 def _prepare_sqlite_path(database: str | None) -> None:

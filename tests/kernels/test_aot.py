@@ -135,6 +135,8 @@ GLUON_SAMPLE = [
     (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)),
     (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False)),
     (FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1, consumer_regs=232)),
+    (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True)),
+    (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=2, overlap=False, one_loop=True)),
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=64, num_stages=4, persistent=1, causal_mode="masked")),
 ]

@@ -21,6 +21,8 @@ KNOBS = {
     "2c-pingpong-persistent": dict(pingpong=True, persistent=1),
     "2c-plain-persistent": dict(overlap=False, persistent=1),
     "3c-n64-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1),
+    "2c-one-loop-persistent": dict(one_loop=True, persistent=1),
+    "2c-plain-one-loop": dict(one_loop=True, overlap=False),
     "2c-n64-s3": dict(BLOCK_N=64, num_stages=3),
     "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
     "1c-m64-masked": dict(consumers=1, causal_mode="masked", num_stages=3),

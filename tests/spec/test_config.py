@@ -50,12 +50,13 @@ def test_gluon_names_spell_the_schedule():
     cfg = KernelConfig(**GLUON, overlap=True, pingpong=True, persistent=1, consumer_regs=232)
     assert cfg.name == "attn_fwd_gluon_m64x2n128_s2_r232_cband_ov_pp_pers1"
     assert KernelConfig(**dict(GLUON, overlap=False, causal_mode="masked")).name.endswith("_cmask")
+    assert KernelConfig(**GLUON, one_loop=True).name.endswith("_ov_1loop")
 
 
 def test_triton_configs_keep_their_canonical_json():
     """Configs stored before the Gluon knobs existed keep their keys (no re-tune, no orphans)."""
     text = KernelConfig().canonical_json()
-    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong"):
+    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong", "one_loop"):
         assert f'"{name}"' not in text
     assert json.loads(KernelConfig(**GLUON).canonical_json())["language"] == "gluon"
 
@@ -76,6 +77,8 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(warp_specialize=True), "warp_specialize"),
     (dict(q_tiles=2), "q_tiles"),
     (dict(language="cuda"), "language"),
+    (dict(one_loop=True, causal_mode="masked"), "one_loop"),
+    (dict(one_loop=1), "one_loop"),
 ])
 def test_gluon_configs_are_validated(changes, field):
     with pytest.raises(ConfigError) as info:
@@ -84,6 +87,7 @@ def test_gluon_configs_are_validated(changes, field):
 
 
 def test_triton_configs_refuse_gluon_knobs():
-    for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232)):
+    for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232),
+                        ("one_loop", True)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})

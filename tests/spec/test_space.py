@@ -126,6 +126,8 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     assert {c.persistent for c in gluon} == {0, 1} and {c.overlap for c in gluon} == {True, False}
     assert any(c.pingpong for c in gluon) and all(c.overlap for c in gluon if c.pingpong)
     assert {c.causal_mode for c in gluon} == {"split", "masked"}
+    assert {c.one_loop for c in gluon} == {False, True} and all(c.causal_mode == "split" for c in gluon if c.one_loop)
+    assert not any(c.one_loop for c in hopper if c.language == "triton")
     d64 = [c for c in space.for_arch("sm90").grid(dataclasses.replace(problem, head_dim=64)) if c.language == "gluon"]
     assert {(c.consumers, c.consumer_regs) for c in d64} == {(2, 232), (2, 240), (3, 160)}
     assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
