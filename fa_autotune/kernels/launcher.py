@@ -290,13 +290,13 @@ else:
 _VARLEN = ("Q", "K", "V", "Out", "Lse", "CuSeqQ", "CuSeqK")
 
 
-def varlen_config(config: KernelConfig) -> KernelConfig:
-    """The same tiles as a kernel that takes packed variable-length sequences: Q-outer in
-    Triton over plain pointers, one program per tile (block pointers stay; TMA descriptors,
-    persistent grids and warp specialization need per-launch bases). Other loop orders and
-    Gluon configs give the Q-outer default tiles."""
-    if config.language != "triton" or config.loop_order != "q_outer":
-        return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+def varlen_config(*candidates: KernelConfig) -> KernelConfig:
+    """The first Q-outer Triton config among ``candidates`` (the dispatcher's choice, then the
+    built-in Triton default) as a kernel that takes packed variable-length sequences: plain
+    pointers, one program per tile (block pointers stay; TMA descriptors, persistent grids
+    and warp specialization need per-launch bases). Neither Q-outer: 64x64 tiles."""
+    config = next((c for c in candidates if c.language == "triton" and c.loop_order == "q_outer"),
+                  KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2))
     access = "pointer" if config.access == "tensor_desc" else config.access
     return config.with_(access=access, warp_specialize=False, persistent=0, tile_order="seq", fp8_pv="separate")
 

@@ -81,9 +81,12 @@ def attention(
     return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
 
 
-def _refuse_grad(*tensors) -> None:
-    """There is no backward yet: an output without grad_fn would silently cut the graph."""
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+def _refuse_grad(q, k, v, *more) -> None:
+    """There is no backward yet: an output without grad_fn would silently cut the graph.
+    On attention()'s hot path: three attribute reads, grad mode only when one is set."""
+    wanted = (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+              or getattr(v, "requires_grad", False) or (more and any(t.requires_grad for t in more)))
+    if wanted and torch.is_grad_enabled():
         raise InputError("inputs require grad, but fa_autotune has no attention backward yet: call it under "
                          "torch.no_grad() / torch.inference_mode(), or pass detached tensors")
 
@@ -349,10 +352,11 @@ def attention_varlen(
                       causal, "bottom_right")
     sm_scale = resolve_scale(softmax_scale, problem.head_dim)
     if config is None:
-        chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+        gpu = gpu_of(q.device.type, q.device.index or 0)
+        chosen = varlen_config(DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config,
+                               default_for(problem, gpu, gluon=False))
     else:
-        chosen = KernelConfig.from_mapping(config)
-    chosen = varlen_config(chosen)
+        chosen = varlen_config(KernelConfig.from_mapping(config))
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)

@@ -52,11 +52,11 @@ class RichReporter:
         self.progress.advance(self.problem_task)
         self.progress.update(self.problem_task, detail=self._detail(outcome))
 
-    @staticmethod
-    def _detail(outcome: ProblemOutcome) -> str:
+    def _detail(self, outcome: ProblemOutcome) -> str:
         parts = []
-        if outcome.best is not None:
-            parts.append(f"best {outcome.best_tflops:.1f} TFLOPS {outcome.best.name}")
+        if outcome.best is not None:  # TFLOPS mean nothing in the interpreter
+            speed = "" if self.interpreter else f" {outcome.best_tflops:.1f} TFLOPS"
+            parts.append(f"best{speed} {outcome.best.name}")
         failures = {k: v for k, v in outcome.statuses.items() if k != "ok"}
         if failures:
             parts.append("failed: " + ", ".join(f"{k}={v}" for k, v in sorted(failures.items())))
