@@ -17,7 +17,7 @@ from .errors import ConfigError, FaAutotuneError, InputError
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 
-__all__ = ["attention", "attention_fp8", "attention_varlen", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
+__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
            "InputError", "__version__"]
 
 
@@ -26,6 +26,10 @@ def __getattr__(name: str) -> Any:
         from .runtime import api
 
         return getattr(api, name)
+    if name == "attention_with_kvcache":
+        from .runtime.kvcache import attention_with_kvcache
+
+        return attention_with_kvcache
     if name == "quantize_fp8":
         from .fp8.quantize import quantize_fp8
 

@@ -45,13 +45,21 @@ def add_problem_flags(parser: argparse.ArgumentParser, required: bool = False) -
     group.add_argument("--dtype", default="float16", help="float16|bfloat16|float32 (fp16, bf16, fp32)")
     group.add_argument("--causal", action="store_true")
     group.add_argument("--causal-align", default="top_left", choices=["top_left", "bottom_right"])
+    group.add_argument("--page-size", type=int, default=0,
+                       help="KV-cache problems (--space decode): rows per cache page; 0 = a contiguous cache")
 
 
-def problem_from_args(args: argparse.Namespace):
+def problem_from_args(args: argparse.Namespace, decode: bool = False):
+    """The problem the flags describe; ``decode``: a KV-cache problem (seqlen new tokens
+    against seqlen_k cached keys, causal aligned bottom-right)."""
+    page_size = getattr(args, "page_size", 0)
+    if page_size and not decode:
+        raise SearchSpaceError("--page-size describes a KV cache: use it with --space decode")
     return Problem(
         batch=args.batch, heads_q=args.heads, heads_kv=args.kv_heads or args.heads, seqlen_q=args.seqlen,
         seqlen_k=args.seqlen_k if args.seqlen_k is not None else args.seqlen, head_dim=args.head_dim,
-        dtype=args.dtype, causal=args.causal, causal_align=args.causal_align,
+        dtype=args.dtype, causal=args.causal, causal_align="bottom_right" if decode else args.causal_align,
+        decode=decode, page_size=page_size,
     )
 
 
@@ -90,7 +98,9 @@ def _compile(args: argparse.Namespace) -> int:
     from .kernels.aot import compile_many
 
     cap = tuple(int(x) for x in args.arch.split("."))
-    (result,) = compile_many([config_from_args(args)], problem_from_args(args), capability=cap, jobs=1)
+    config = config_from_args(args)
+    problem = problem_from_args(args, decode=config.loop_order == "decode")
+    (result,) = compile_many([config], problem, capability=cap, jobs=1)
     report = {"variant": result.config.name, "status": result.status, "seconds": round(result.seconds, 2),
               "error": result.error,
               "kernels": [dict(k.__dict__, instructions=dict(k.instructions)) for k in result.kernels]}
@@ -133,7 +143,7 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     if args.seqlen is not None:
         if args.preset:
             raise SearchSpaceError("give either --preset or a problem (--seqlen ...), not both")
-        return [problem_from_args(args)]
+        return [problem_from_args(args, decode=space.name == "attn_decode")]
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
         raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")

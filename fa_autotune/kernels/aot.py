@@ -36,7 +36,7 @@ from ..processes import compiler_init
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import interpreter_active
-from .launcher import Launch, prepare, resolve_scale
+from .launcher import DecodePlan, Launch, prepare, resolve_scale
 
 HOPPER = (9, 0)
 # Largest dynamic shared memory one block may use, per compute capability (bytes).
@@ -96,6 +96,38 @@ def example_inputs(config: KernelConfig, problem: Problem, device: torch.device 
     return q, k, v, out, None
 
 
+def decode_example(config: KernelConfig, problem: Problem, device: torch.device | str,
+                   append: bool = False) -> "DecodeExample":
+    """A decode step of ``problem`` on uninitialized tensors as the tuner times it: q (B, Nq,
+    Hq, D), the cache contiguous or paged (a full block table), per-sequence int32 lengths;
+    ``append`` adds one new token (the append kernel)."""
+    dtype = getattr(torch, problem.dtype)
+    q = torch.empty((problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim), device=device, dtype=dtype)
+    page = problem.page_size
+    if page:
+        pages = -(-problem.seqlen_k // page)
+        shape = (problem.batch * pages, page, problem.heads_kv, problem.head_dim)
+        table = torch.empty((problem.batch, pages), device=device, dtype=torch.int32)
+    else:
+        shape, table = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim), None
+    k_cache, v_cache = (torch.empty(shape, device=device, dtype=dtype) for _ in range(2))
+    new = (problem.batch, 1, problem.heads_kv, problem.head_dim)
+    k_new, v_new = (torch.empty(new, device=device, dtype=dtype) if append else None for _ in range(2))
+    lengths = torch.empty((problem.batch,), device=device, dtype=torch.int32)
+    plan = DecodePlan(config, q, k_cache, v_cache, k_new, v_new, torch.empty_like(q), None, True, table,
+                      resolve_scale(None, problem.head_dim), problem.causal)
+    return DecodeExample(plan, (q, k_cache, v_cache, k_new, v_new, lengths, table, 0, torch.empty_like(q), None))
+
+
+@dataclass(frozen=True)
+class DecodeExample:
+    plan: DecodePlan
+    args: tuple
+
+    def arguments(self) -> list[tuple[Launch, tuple]]:
+        return [(launch, args + launch.fixed) for launch, args in self.plan.calls(*self.args)]
+
+
 def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
     """Signature, constants and attributes of ``launch`` called with ``args``, as Triton's
     JIT would specialise them (tensors fresh from the allocator are 16-byte aligned)."""
@@ -103,8 +135,11 @@ def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
     consts: dict[str, Any] = {}
     attrs: dict[tuple, list] = {}
     names = launch.kernel.arg_names
+    unspecialized = set(getattr(launch.kernel, "do_not_specialize", ()) or ())
     for index, (name, arg) in enumerate(zip(names, args)):
-        if arg is None or (isinstance(arg, int) and not isinstance(arg, bool) and arg == 1):
+        if name in unspecialized or index in unspecialized:  # e.g. a length that changes every call
+            signature[name] = "i32" if isinstance(arg, int) and -2**31 <= arg < 2**31 else "i64"
+        elif arg is None or (isinstance(arg, int) and not isinstance(arg, bool) and arg == 1):
             signature[name], consts[name] = "constexpr", arg
         elif isinstance(arg, GluonTensorDescriptor):  # as Triton's JIT spells a host-side descriptor
             signature[name] = f"tensordesc<{_TRITON_TYPES[arg.base.dtype]}{list(arg.block_shape)},{arg.layout!r}>"
@@ -132,13 +167,17 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     if interpreter_active():
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
-    q, k, v, out, scales = example_inputs(config, problem, "meta")
-    plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
-                   problem.causal, scales)
+    if problem.decode:
+        launches = decode_example(config, problem, "meta").arguments()
+    else:
+        q, k, v, out, scales = example_inputs(config, problem, "meta")
+        plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
+                       problem.causal, scales)
+        launches = plan.arguments(q, k, v, out, None, scales)
     reports = []
     target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
     limit = SHARED_MEMORY_LIMIT.get(capability, 101376)
-    for launch, args in plan.arguments(q, k, v, out, None, scales):
+    for launch, args in launches:
         fn = launch.kernel
         signature, consts, attrs = _specialize(launch, args)
         try:
@@ -160,7 +199,7 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
 
 # What proves a Hopper variant uses the hardware it was written for.
 INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive",
-                "tensormap.replace")
+                "tensormap.replace", "cp.async.cg.shared.global")
 
 
 def instruction_counts(ptx: str) -> tuple[tuple[str, int], ...]:

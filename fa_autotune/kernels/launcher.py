@@ -29,7 +29,7 @@ from .render import KernelModule, load_module
 
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
-FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8")
+FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE")
 # Per-call tensors of each kernel, in the order its parameters list them.
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
@@ -39,6 +39,9 @@ _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
 _GLUON = ("q_desc", "k_desc", "v_desc", "o_desc", "Lse")
 _GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _NO_SCALES = (None, None, None)
+_DECODE = ("Q", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "Out", "Lse", "OPart", "LsePart")
+_DECODE_COMBINE = ("OPart", "LsePart", "Out", "Lse")
+_APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN")
 
 # The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
 # per-call argument binding (about 12 us of host time per call: 2026-11-30-h200-dispatch-overhead.md).
@@ -256,6 +259,82 @@ def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 2
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# ------------------------------------------------------------------ KV-cache attention
+def decode_tile_m(config: KernelConfig, rows: int) -> int:
+    """Query rows per decode program: the power of two (>= 16, the dot's minimum) that holds
+    one KV group's rows, at most BLOCK_M."""
+    return min(config.BLOCK_M, max(16, triton.next_power_of_2(max(rows, 1))))
+
+
+class DecodePlan:
+    """Launch plan of a ``loop_order='decode'`` config for one layout of q (batch, n_q,
+    heads_q, D), a contiguous (batch, seqlen, heads_kv, D) or paged (pages, page_size,
+    heads_kv, D) cache, and, when appending, new k/v (batch, n_new, heads_kv, D). Called with
+    the tensors of one step (and ``seqlen``, the cache length when ``cache_seqlens`` is None):
+    appends, attends, combines. Nothing is read back to the host."""
+
+    __slots__ = ("append", "main", "combine", "parts", "tile_rows", "head_dim_pad")
+
+    def __init__(self, config: KernelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 k_new: torch.Tensor | None, v_new: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
+                 seqlens: bool, block_table: torch.Tensor | None, scale: float, causal: bool) -> None:
+        if config.loop_order != "decode":
+            raise ConfigError("loop_order", f"{config.name} is not a KV-cache kernel; use loop_order='decode'")
+        module = load_module(config)
+        batch, n_q, heads, head_dim = q.shape
+        heads_kv = k_cache.shape[2]
+        group = heads // heads_kv
+        head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+        tile_m = decode_tile_m(config, n_q * group)
+        page_size = k_cache.shape[1] if block_table is not None else 0
+        n_new = k_new.shape[1] if k_new is not None else 0
+        scalars: dict[str, Any] = {"HKV": heads_kv, "GROUP": group, "N_Q": n_q, "N_NEW": n_new,
+                                   "qk_scale": scale * LOG2E,
+                                   "stride_btb": block_table.stride(0) if block_table is not None else 0}
+        for prefix, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", out), ("nk", k_new), ("nv", v_new)):
+            strides = t.stride() if t is not None else (0, 0, 0, 0)
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bnhd"), strides))
+        flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None,
+                 "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "TILE_M": tile_m,
+                 "PAGE_SIZE": page_size}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if config.maxnreg:
+            options["maxnreg"] = config.maxnreg
+        tiles = triton.cdiv(n_q * group, tile_m) * batch * heads_kv
+        self.main = Launch(module.KERNELS["main"], (tiles, config.num_splits), _DECODE, scalars, flags, options)
+        self.combine = None
+        if config.num_splits > 1:
+            self.combine = Launch(module.KERNELS["combine"], (tiles, tile_m), _DECODE_COMBINE, scalars, flags,
+                                  {"num_warps": 4})
+        self.append = None
+        if n_new:
+            self.append = Launch(module.KERNELS["append"], (triton.cdiv(n_new, config.BLOCK_N), batch * heads_kv),
+                                 _APPEND, scalars, flags, {"num_warps": 4})
+        self.parts = tiles * config.num_splits * tile_m
+        self.tile_rows, self.head_dim_pad = tile_m, head_dim_pad
+
+    def calls(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out,
+              lse) -> list[tuple[Launch, tuple]]:
+        """Each launch of one step with its per-call arguments."""
+        calls = []
+        if self.append is not None:
+            calls.append((self.append, (k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, seqlen)))
+        o_part = lse_part = None
+        if self.combine is not None:
+            o_part = torch.empty((self.parts, self.head_dim_pad), device=q.device, dtype=torch.float32)
+            lse_part = torch.empty((self.parts,), device=q.device, dtype=torch.float32)
+        calls.append((self.main, (q, k_cache, v_cache, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)))
+        if self.combine is not None:
+            calls.append((self.combine, (o_part, lse_part, out, lse)))
+        return calls
+
+    def __call__(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out, lse,
+                 warmup: bool = False) -> list:
+        return [launch(*args, warmup=warmup)
+                for launch, args in self.calls(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen,
+                                               out, lse)]
 
 
 # ------------------------------------------------------------------ TMA scratch

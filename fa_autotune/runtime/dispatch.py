@@ -185,9 +185,13 @@ def _shipped_dir() -> Path:
 
 
 def _file_source(directory: Path, gpu: GpuInfo, kind: str, warn) -> list[_Source]:
-    """This GPU's file in ``directory``, if there is a usable one (a bad or foreign file is
-    skipped with a warning: it must not break attention())."""
-    path = next((directory / name for name in files.file_names(gpu) if (directory / name).is_file()), None)
+    """This GPU's files in ``directory`` (one per kernel family), those that are usable (a
+    bad or foreign file is skipped with a warning: it must not break attention())."""
+    return [source for family in files.FAMILIES for source in _family_source(directory, gpu, family, kind, warn)]
+
+
+def _family_source(directory: Path, gpu: GpuInfo, family: str, kind: str, warn) -> list[_Source]:
+    path = next((directory / name for name in files.file_names(gpu, family) if (directory / name).is_file()), None)
     if path is None:
         return []
     try:

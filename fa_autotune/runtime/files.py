@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 SCHEMA = "fa_autotune.tuned_configs"
 SCHEMA_VERSION = 1
 FAMILY = "attn_fwd"
+# Kernel families, one file each: forward attention, and KV-cache attention (decode).
+FAMILIES = (FAMILY, "attn_decode")
 
 
 def file_name(gpu: GpuInfo, family: str = FAMILY, qualified: bool = False) -> str:
@@ -44,8 +46,8 @@ def file_names(gpu: GpuInfo, family: str = FAMILY) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ writing
 def export(db: "Database", out_dir: str | Path, gpu_filter: str | None = None) -> list[Path]:
-    """Write one file per GPU model found among the database's winners (its latest decision
-    per problem); returns the paths."""
+    """Write one file per GPU model and kernel family found among the database's winners
+    (its latest decision per problem); returns the paths."""
     from ..store.tuned import tuned_by_gpu  # SQLAlchemy only where a database is used
 
     out = Path(out_dir)
@@ -54,13 +56,18 @@ def export(db: "Database", out_dir: str | Path, gpu_filter: str | None = None) -
     out.mkdir(parents=True, exist_ok=True)
     # Two models sharing a slug (same name, other capability) get capability-qualified names
     # rather than overwriting one file.
-    return sorted(write(tuned, out, qualified=slugs.count(tuned.gpu.slug) > 1) for tuned in models)
+    return sorted(write(tuned, out, qualified=slugs.count(tuned.gpu.slug) > 1, family=family)
+                  for tuned in models for family in FAMILIES
+                  if any(w.problem.family == family for w in tuned.winners))
 
 
-def write(tuned: Tuned, out_dir: Path, qualified: bool = False) -> Path:
-    """The file of ``tuned`` in ``out_dir``: every winner, FP8 ones with their front."""
+def write(tuned: Tuned, out_dir: Path, qualified: bool = False, family: str = FAMILY) -> Path:
+    """The ``family`` file of ``tuned`` in ``out_dir``: every winner of that kernel family,
+    FP8 ones with their front."""
     entries = {}
     for winner in tuned.winners:
+        if winner.problem.family != family:
+            continue
         entry = {"problem": winner.problem.to_dict(), "config": _config_json(winner.config),
                  "median_ms": winner.median_ms, "tflops": winner.tflops, "rel_error": winner.rel_error,
                  "software": winner.software.to_dict()}
@@ -69,9 +76,9 @@ def write(tuned: Tuned, out_dir: Path, qualified: bool = False) -> Path:
             entry["pareto"] = [{"config": _config_json(p.config), "median_ms": p.median_ms, "tflops": p.tflops,
                                 "rel_error": p.rel_error} for p in front]
         entries[winner.problem.key] = entry
-    payload = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "family": FAMILY, "gpu": tuned.gpu.to_dict(),
+    payload = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "family": family, "gpu": tuned.gpu.to_dict(),
                "entries": entries}
-    path = out_dir / file_name(tuned.gpu, qualified=qualified)
+    path = out_dir / file_name(tuned.gpu, family, qualified=qualified)
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -114,8 +121,8 @@ def load(path: str | Path) -> Tuned:
         raise ConfigFileError(f"{path}: schema version {version} is newer than this fa_autotune reads "
                               f"({SCHEMA_VERSION}); upgrade fa_autotune")
     family = data.get("family")
-    if family != FAMILY:
-        raise ConfigFileError(f"{path}: kernel family {family!r} is not one this fa_autotune serves ({FAMILY!r})")
+    if family not in FAMILIES:
+        raise ConfigFileError(f"{path}: kernel family {family!r} is not one this fa_autotune serves {FAMILIES}")
     gpu = _gpu(path, data.get("gpu"))
     entries = data.get("entries")
     if not isinstance(entries, dict):
@@ -126,6 +133,8 @@ def load(path: str | Path) -> Tuned:
             winner, front = _entry(path, key, value, gpu)
         except (ValueError, TypeError, OverflowError) as exc:  # a value no check above foresaw
             raise ConfigFileError(f"{path}: entries[{key!r}]: {exc}") from None
+        if winner.problem.family != family:
+            raise ConfigFileError(f"{path}: entries[{key!r}] is a {winner.problem.family} problem in a {family} file")
         winners.append(winner)
         fronts.extend(front)
     return Tuned(gpu, tuple(winners), tuple(fronts), str(path))

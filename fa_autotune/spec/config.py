@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 
-LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv")
+LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv", "decode")
 CAUSAL_MODES = ("masked", "split")
 ACCESS_MODES = ("pointer", "block_ptr", "tensor_desc")
 POW2_BLOCKS = (16, 32, 64, 128, 256)
@@ -130,6 +130,8 @@ class KernelConfig:
         """Deterministic kernel name that spells the variant, FlashInfer style."""
         if self.language == "gluon":
             return self._gluon_name()
+        if self.loop_order == "decode":
+            return self._decode_name()
         loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
         access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
         parts = [
@@ -159,6 +161,13 @@ class KernelConfig:
             parts.append("nohad")
         if self.fp8_pv != "separate":
             parts.append("pvin")
+        return "_".join(parts)
+
+    def _decode_name(self) -> str:
+        parts = [f"attn_decode_m{self.BLOCK_M}n{self.BLOCK_N}", f"w{self.num_warps}s{self.num_stages}",
+                 "cband" if self.causal_mode == "split" else "cmask", f"x{self.num_splits}"]
+        if self.maxnreg:
+            parts.append(f"r{self.maxnreg}")
         return "_".join(parts)
 
     def _gluon_name(self) -> str:
@@ -207,12 +216,14 @@ def _validate(cfg: KernelConfig) -> None:
         raise ConfigError("warp_specialize", f"expected true or false, got {cfg.warp_specialize!r}")
     _check_int("num_splits", cfg.num_splits, lo=1, hi=MAX_SPLITS)
     _check_int("q_tiles", cfg.q_tiles, lo=1, hi=MAX_Q_TILES)
-    if cfg.num_splits != 1 and cfg.loop_order != "split_kv":
-        raise ConfigError("num_splits", "only loop_order='split_kv' splits the K/V sequence; use 1")
+    if cfg.num_splits != 1 and cfg.loop_order not in ("split_kv", "decode"):
+        raise ConfigError("num_splits", "only loop_order='split_kv' or 'decode' splits the K/V sequence; use 1")
     if cfg.q_tiles > 2 and cfg.loop_order == "q_outer":
         raise ConfigError("q_tiles", "loop_order='q_outer' interleaves at most 2 Q tiles per program")
-    if cfg.q_tiles != 1 and cfg.loop_order == "split_kv":
-        raise ConfigError("q_tiles", "loop_order='split_kv' owns one Q tile per program; use 1")
+    if cfg.q_tiles != 1 and cfg.loop_order in ("split_kv", "decode"):
+        raise ConfigError("q_tiles", f"loop_order={cfg.loop_order!r} owns one Q tile per program; use 1")
+    if cfg.loop_order == "decode":
+        _validate_decode(cfg)
     _validate_structure(cfg)
     _validate_language(cfg)
     if cfg.warp_specialize and cfg.loop_order != "q_outer":
@@ -223,6 +234,18 @@ def _validate(cfg: KernelConfig) -> None:
         # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
         # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
         raise ConfigError("warp_specialize", "needs access='tensor_desc', causal_mode='split' and num_stages=2")
+
+
+def _validate_decode(cfg: KernelConfig) -> None:
+    """The KV-cache kernel gathers cache rows through pointers (pages need per-row
+    addresses) and forms its M tile from a KV group's query rows, at least 16 for the dot."""
+    if cfg.access != "pointer":
+        raise ConfigError("access", "loop_order='decode' reads the cache through pointers (pages are gathered "
+                          "row by row); use access='pointer'")
+    if cfg.BLOCK_M > 128:
+        raise ConfigError("BLOCK_M", f"loop_order='decode' tiles at most 128 query rows, got {cfg.BLOCK_M}")
+    if cfg.language != "triton":
+        raise ConfigError("language", "loop_order='decode' is a Triton kernel; use language='triton'")
 
 
 def _validate_structure(cfg: KernelConfig) -> None:

@@ -27,6 +27,8 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     """A safe, decent config for ``problem`` on a GPU of ``capability`` (None: interpreter);
     ``gluon=False`` gives the Triton one where the Gluon kernel would be picked (for inputs
     the Gluon kernel cannot read)."""
+    if problem.decode:
+        return decode_default(problem, capability, sm_count)
     d = problem.head_dim_pad
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
@@ -48,6 +50,46 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     if d <= 128:
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
     return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
+
+
+# Split counts the decode search space offers (search_spaces/decode.yaml): 33, 66 and 99
+# fill 132 SMs exactly with 4 or 8 KV heads.
+DECODE_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 33, 48, 66, 99, 128)
+
+
+def decode_default(problem: Problem, capability: tuple[int, int] | None = None, sm_count: int = 132) -> KernelConfig:
+    """KV-cache attention: one program per KV group's query rows, 64-key steps. A contiguous
+    cache is split across about one program per SM, 4 stages deep; a paged one across four
+    per SM, 2 stages deep (Triton spends pipeline stages on the page lookup, so paged loads
+    hide their latency by occupancy instead). On an H200 these were within 1-3% of the best
+    of a sweep on every row of benchmarks/results/2026-12-01-h200-decode-sweep.md."""
+    return decode_candidates(problem, capability, sm_count)[0]
+
+
+def decode_candidates(problem: Problem, capability: tuple[int, int] | None = None,
+                      sm_count: int = 132) -> list[KernelConfig]:
+    """The decode default first, then the neighbours a tune should measure first (the split
+    counts around it, both pipeline depths)."""
+    rows = problem.seqlen_q * problem.gqa_group
+    block_m = min(128, max(16, 1 << max(0, (rows - 1).bit_length())))
+    programs = max(1, problem.batch * problem.heads_kv * -(-rows // block_m))
+    keys_per_split = max(1, problem.seqlen_k // 512)
+
+    def splits(per_sm: int) -> int:
+        wanted = sm_count * per_sm / programs
+        near = min(DECODE_SPLITS, key=lambda s: (abs(s - wanted), s)) if programs < sm_count else 1
+        return max(1, min(near, max(s for s in DECODE_SPLITS if s <= keys_per_split)))
+
+    if capability is None:  # the interpreter: no pipelining
+        return [KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=64, num_stages=1, num_splits=splits(1))]
+    first = (splits(4), 2) if problem.page_size else (splits(1), 4)
+    out = []
+    for split, stages in (first, (splits(1), 4), (splits(1), 2), (splits(2), 2), (splits(4), 2), (1, 2), (1, 4)):
+        config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=stages,
+                              num_splits=split)
+        if config not in out:
+            out.append(config)
+    return out
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
@@ -72,6 +114,9 @@ def default_for(problem: Problem, gpu: GpuInfo, gluon: bool = True) -> KernelCon
 
 def defaults_for(problem: Problem, gpu: GpuInfo) -> list[KernelConfig]:
     """The built-in configs to try in turn: the default, then its Triton stand-in if it is a
-    Gluon kernel (which runs on Hopper with TMA-readable inputs only)."""
+    Gluon kernel (which runs on Hopper with TMA-readable inputs only); for KV-cache problems
+    the decode default and its neighbours (a tune's warm start)."""
+    if problem.decode:
+        return decode_candidates(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
     first, second = default_for(problem, gpu), default_for(problem, gpu, gluon=False)
     return [first] if first == second else [first, second]

@@ -58,6 +58,10 @@ class Problem:
     dtype: str
     causal: bool = False
     causal_align: str = "top_left"
+    # KV-cache attention (attention_with_kvcache): seqlen_q new query tokens per sequence
+    # against seqlen_k cached keys, the cache contiguous (page_size 0) or paged.
+    decode: bool = False
+    page_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
@@ -75,6 +79,12 @@ class Problem:
             raise InputError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv}) for GQA/MQA"
             )
+        if not isinstance(self.decode, bool):
+            raise InputError(f"decode must be true or false, got {self.decode!r}")
+        if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or not 0 <= self.page_size <= MAX_DIM:
+            raise InputError(f"page_size must be an integer in 0..{MAX_DIM}, got {self.page_size!r}")
+        if self.page_size and not self.decode:
+            raise InputError("page_size describes a KV cache: it needs decode=true")
         if not MIN_HEAD_DIM <= self.head_dim <= MAX_HEAD_DIM:
             raise InputError(
                 f"head_dim {self.head_dim} is not supported; fa_autotune kernels take {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
@@ -85,6 +95,17 @@ class Problem:
         """No query rows or no keys: attention() needs no kernel (an output of zeros, or none),
         and there is nothing to tune."""
         return 0 in (self.batch, self.heads_q, self.seqlen_q, self.seqlen_k)
+
+    @property
+    def family(self) -> str:
+        """The kernel family that serves it, and the exported file it is stored in."""
+        return "attn_decode" if self.decode else "attn_fwd"
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V a pass reads (decode is bound by them)."""
+        size = {"float16": 2, "bfloat16": 2, "float32": 4}.get(self.dtype, 1)
+        return 2 * self.batch * self.heads_kv * self.seqlen_k * self.head_dim * size
 
     @property
     def is_fp8(self) -> bool:
@@ -125,16 +146,22 @@ class Problem:
         return replace(self, dtype=dtype)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, the KV-cache ones only for KV-cache problems (so forward problems
+        read and write as they did before those existed)."""
+        data = asdict(self)
+        if not self.decode:
+            del data["decode"], data["page_size"]
+        return data
 
     @property
     def key(self) -> str:
         """Human-readable key used in databases and exported files."""
         causal = f"causal-{self.causal_align}" if self.causal else "full"
-        return (
-            f"b{self.batch}_hq{self.heads_q}_hkv{self.heads_kv}_nq{self.seqlen_q}_nk{self.seqlen_k}"
-            f"_d{self.head_dim}_{self.dtype}_{causal}"
-        )
+        key = (f"b{self.batch}_hq{self.heads_q}_hkv{self.heads_kv}_nq{self.seqlen_q}_nk{self.seqlen_k}"
+               f"_d{self.head_dim}_{self.dtype}_{causal}")
+        if self.decode:
+            key += f"_paged{self.page_size}" if self.page_size else "_kvcache"
+        return key
 
 
 def _dtype_name(t: "torch.Tensor") -> str:
@@ -170,10 +197,7 @@ def problem_from_tensors(
 ) -> Problem:
     """Check q, k, v the way SDPA would and describe them as a :class:`Problem`."""
     check_qkv(q, k, v, DTYPES)
-    _check_device(q.device)
-    if q.device.type == "cpu" and _dtype_name(q) == "bfloat16":
-        raise InputError("bfloat16 tensors on the CPU: Triton's interpreter computes bfloat16 dot products wrong "
-                         "(NumPy has no bfloat16); use float16 or float32 on the CPU, or CUDA tensors")
+    check_runnable(q)
     if not isinstance(causal, bool):
         raise InputError(f"causal must be True or False, got {causal!r}")
     return Problem(
@@ -187,6 +211,15 @@ def problem_from_tensors(
         causal=causal,
         causal_align=causal_align,
     )
+
+
+def check_runnable(q: "torch.Tensor") -> None:
+    """q's device can run the kernels: a CUDA GPU of compute capability 8.0 or newer, or the
+    CPU through Triton's interpreter (which computes bfloat16 dot products wrong)."""
+    _check_device(q.device)
+    if q.device.type == "cpu" and _dtype_name(q) == "bfloat16":
+        raise InputError("bfloat16 tensors on the CPU: Triton's interpreter computes bfloat16 dot products wrong "
+                         "(NumPy has no bfloat16); use float16 or float32 on the CPU, or CUDA tensors")
 
 
 def _check_device(device: "torch.device") -> None:
@@ -204,14 +237,16 @@ def _check_device(device: "torch.device") -> None:
 def distance(a: Problem, b: Problem) -> float:
     """How far tuned problem ``b`` is from ``a``, for borrowing ``b``'s config.
 
-    Infinite unless dtype, head dim, causal masking (and its alignment) and the GQA group
-    match: those change which kernels are valid or how they behave. Otherwise
-    ``|log2(Nq_a/Nq_b)| + |log2(Nk_a/Nk_b)| + 0.5 * |log2(BH_a/BH_b)|`` with BH = batch *
-    heads_q: sequence lengths decide tile shapes and loop trip counts, batch * heads only
-    how many programs fill the GPU, so it weighs half.
+    Infinite unless dtype, head dim, causal masking (and its alignment), the GQA group and
+    the kernel family (and, for KV caches, paged or not) match: those change which kernels
+    are valid or how they behave. Otherwise ``|log2(Nq_a/Nq_b)| + |log2(Nk_a/Nk_b)| + 0.5 *
+    |log2(BH_a/BH_b)|`` with BH = batch * heads_q: sequence lengths decide tile shapes and
+    loop trip counts, batch * heads only how many programs fill the GPU, so it weighs half;
+    paged caches add half the page sizes' log ratio. Decode shapes change every step, so a
+    tuned decode problem serves as the bucket of the shapes nearest it.
     """
-    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group) != (
-        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group
+    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group, a.decode, a.page_size == 0) != (
+        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group, b.decode, b.page_size == 0
     ):
         return math.inf
 
@@ -219,7 +254,7 @@ def distance(a: Problem, b: Problem) -> float:
         return abs(math.log2(max(x, 1) / max(y, 1)))
 
     return (log_ratio(a.seqlen_q, b.seqlen_q) + log_ratio(a.seqlen_k, b.seqlen_k)
-            + 0.5 * log_ratio(a.batch * a.heads_q, b.batch * b.heads_q))
+            + 0.5 * log_ratio(a.batch * a.heads_q, b.batch * b.heads_q) + 0.5 * log_ratio(a.page_size, b.page_size))
 
 
 def nearest(problem: Problem, candidates) -> tuple[Problem, float] | None:

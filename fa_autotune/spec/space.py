@@ -21,11 +21,13 @@ from .config import GLUON_FIELDS, STRUCTURE_DEFAULTS, KernelConfig
 from .problem import Problem
 
 PROBLEM_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_pad",
-                 "gqa_group", "causal", "dtype", "fp8")
+                 "gqa_group", "causal", "dtype", "fp8", "page_size")
 PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig))
 ARCH_KEYS = ("sm90", "sm80", "interpreter")
 _PRESET_KEYS = {"batch", "heads", "kv_heads", "seqlen", "seqlen_k", "head_dim", "dtype", "causal", "causal_align",
-                "hidden", "tokens"}
+                "hidden", "tokens", "page_size"}
+# Kernel families a search space can describe; attn_decode problems are KV-cache attention.
+KERNELS = ("attn_fwd", "attn_decode")
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -283,7 +285,7 @@ def _problem_env(problem: Problem) -> dict[str, Any]:
     return {"batch": problem.batch, "heads_q": problem.heads_q, "heads_kv": problem.heads_kv,
             "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k, "head_dim": problem.head_dim,
             "head_dim_pad": problem.head_dim_pad, "gqa_group": problem.gqa_group, "causal": problem.causal,
-            "dtype": problem.dtype, "fp8": problem.is_fp8}
+            "dtype": problem.dtype, "fp8": problem.is_fp8, "page_size": problem.page_size}
 
 
 # ---------------------------------------------------------------- loading
@@ -329,8 +331,12 @@ def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
             _parse_parameters(body.get("parameters") or {}, loc, ("arch", key, "parameters"), require_all=False),
             _parse_constraints(body.get("constraints", []), loc, ("arch", key, "constraints"), names),
         )
-    presets = {name: _parse_preset(name, body, loc) for name, body in (data.get("presets") or {}).items()}
-    return SearchSpace(str(data.get("kernel", "attn_fwd")), filename, params, constraints, presets, arch)
+    kernel = data.get("kernel", "attn_fwd")
+    if kernel not in KERNELS:
+        raise SearchSpaceError(f"{loc.at('kernel')}: kernel must be one of {KERNELS}, got {kernel!r}")
+    decode = kernel == "attn_decode"
+    presets = {name: _parse_preset(name, body, loc, decode) for name, body in (data.get("presets") or {}).items()}
+    return SearchSpace(kernel, filename, params, constraints, presets, arch)
 
 
 class _Locator:
@@ -427,7 +433,7 @@ def _parse_constraints(raw: Any, loc: _Locator, path: tuple, names: tuple[str, .
 MAX_PRESET_PROBLEMS = 10_000  # a tune of more is a typo, and listing them would hang every command
 
 
-def _parse_preset(name: str, body: Any, loc: _Locator) -> Preset:
+def _parse_preset(name: str, body: Any, loc: _Locator, decode: bool = False) -> Preset:
     where = loc.at("presets", name)
     if not isinstance(body, dict) or not isinstance(body.get("problems"), list) or not body["problems"]:
         raise SearchSpaceError(f"{where}: expected 'problems', a non-empty list of problem entries")
@@ -447,7 +453,7 @@ def _parse_preset(name: str, body: Any, loc: _Locator) -> Preset:
             raise SearchSpaceError(f"{entry_where}: the preset expands to more than {MAX_PRESET_PROBLEMS} problems")
         for combo in _expand(entry):
             try:
-                problem = _problem_from_entry(combo)
+                problem = _problem_from_entry(combo, decode)
             except (InputError, TypeError, KeyError, ValueError, ZeroDivisionError) as exc:
                 raise SearchSpaceError(f"{entry_where}: {exc}") from None
             if problem not in seen:
@@ -463,7 +469,7 @@ def _expand(entry: dict) -> Iterator[dict]:
         yield dict(zip(keys, values))
 
 
-def _problem_from_entry(e: dict) -> Problem:
+def _problem_from_entry(e: dict, decode: bool = False) -> Problem:
     head_dim = e["head_dim"]
     heads = e["hidden"] // head_dim if "hidden" in e else e.get("heads")
     seqlen = e["seqlen"]
@@ -476,4 +482,6 @@ def _problem_from_entry(e: dict) -> Problem:
         raise ValueError(f"tokens {e['tokens']} is not a multiple of seqlen {seqlen}")
     return Problem(batch=batch, heads_q=heads, heads_kv=e.get("kv_heads", heads), seqlen_q=seqlen,
                    seqlen_k=e.get("seqlen_k", seqlen), head_dim=head_dim, dtype=e.get("dtype", "float16"),
-                   causal=bool(e.get("causal", False)), causal_align=e.get("causal_align", "top_left"))
+                   causal=bool(e.get("causal", False)),
+                   causal_align=e.get("causal_align", "bottom_right" if decode else "top_left"),
+                   decode=decode, page_size=e.get("page_size", 0))

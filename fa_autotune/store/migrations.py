@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 
 from ..errors import DatabaseError
@@ -20,7 +20,16 @@ def _add_pareto_table(conn: Connection) -> None:
     models.ParetoModel.__table__.create(conn, checkfirst=True)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _add_pareto_table}
+def _add_kv_cache_columns(conn: Connection) -> None:
+    """Version 3: problems may be KV-cache attention (decode), contiguous or paged."""
+    columns = {c["name"] for c in inspect(conn).get_columns("fa_problems")}
+    if "decode" not in columns:
+        conn.execute(text("ALTER TABLE fa_problems ADD COLUMN decode BOOLEAN NOT NULL DEFAULT FALSE"))
+    if "page_size" not in columns:
+        conn.execute(text("ALTER TABLE fa_problems ADD COLUMN page_size INTEGER NOT NULL DEFAULT 0"))
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _add_pareto_table, 3: _add_kv_cache_columns}
 
 
 def upgrade(engine: Engine) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import (
-    Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
+    Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -17,7 +17,7 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import GpuInfo, SoftwareInfo
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Optuna-style terminal states of one trial; only "ok" rows carry timings.
 STATUSES = ("ok", "invalid_config", "compile_error", "out_of_resources", "wrong_result", "timeout", "crashed")
 # Statuses that say something about the config itself, so a repeat can be answered from the
@@ -81,10 +81,13 @@ class ProblemModel(Base):
     dtype: Mapped[str] = mapped_column(String(16), nullable=False)
     causal: Mapped[bool] = mapped_column(Boolean, nullable=False)
     causal_align: Mapped[str] = mapped_column(String(16), nullable=False)
+    # Schema version 3: KV-cache problems (attention_with_kvcache).
+    decode: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    page_size: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
     def to_problem(self) -> Problem:
         return Problem(self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k, self.head_dim,
-                       self.dtype, self.causal, self.causal_align)
+                       self.dtype, self.causal, self.causal_align, bool(self.decode), self.page_size)
 
 
 class ConfigModel(Base):

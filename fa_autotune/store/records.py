@@ -4,7 +4,7 @@ and fronts: :mod:`.tuned`)."""
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -57,8 +57,7 @@ def software_row(session: Session, sw: SoftwareInfo) -> SoftwareModel:
 
 
 def problem_row(session: Session, problem: Problem) -> ProblemModel:
-    return get_or_create(session, ProblemModel, {"key": problem.key}, **{
-        k: v for k, v in problem.to_dict().items()})
+    return get_or_create(session, ProblemModel, {"key": problem.key}, **asdict(problem))
 
 
 def config_row(session: Session, config: KernelConfig) -> ConfigModel:

@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..errors import ConfigError
-from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant, example_inputs
+from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant, decode_example, example_inputs
 from ..kernels.checks import check_config, check_fp8_scales
 from ..kernels.launcher import prepare, resolve_scale
 from ..spec.config import KernelConfig
@@ -29,13 +29,18 @@ def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple
 def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
     start = time.perf_counter()
     try:  # the timing run's layout (FP8: V sequence-contiguous, descales), no data needed
-        q, k, v, out, scales = example_inputs(config, problem, "cuda")
-        check_config(config, problem, q, k, v)
-        if scales is not None:
-            check_fp8_scales(config, *scales)
-        plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
-                       problem.causal, scales)
-        kernels = plan(q, k, v, out, None, scales, warmup=True)
+        if problem.decode:
+            example = decode_example(config, problem, "cuda")
+            q = example.args[0]
+            kernels = example.plan(*example.args, warmup=True)
+        else:
+            q, k, v, out, scales = example_inputs(config, problem, "cuda")
+            check_config(config, problem, q, k, v)
+            if scales is not None:
+                check_fp8_scales(config, *scales)
+            plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
+                           problem.causal, scales)
+            kernels = plan(q, k, v, out, None, scales, warmup=True)
     except ConfigError as exc:
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     except Exception as exc:  # compiler failures are data for the tuner

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks
+from ..errors import ConfigError
 from ..kernels.checks import check_config, check_fp8_scales
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
@@ -55,11 +56,23 @@ class TrialInputs:
     v: torch.Tensor
     scales: tuple | None
     reference: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    # KV-cache problems: q (B, Nq, Hq, D) and k, v the cache (contiguous, or pages in a
+    # shuffled order behind ``block_table``), every sequence ``seqlen_k`` long (``lengths``,
+    # on the device as attention_with_kvcache reads them); ``reference`` is dense (B, H, N, D).
+    lengths: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
 
     @classmethod
     def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
         """Fresh inputs for ``config`` on ``problem``, with ``config`` checked against them
         (a ConfigError names what it cannot run)."""
+        if problem.decode:
+            if config.loop_order != "decode":
+                raise ConfigError("loop_order", f"a KV-cache problem runs loop_order='decode' configs, not "
+                                  f"{config.loop_order!r}")
+            return cls.kv_cache(problem, device, seed)
+        if config.loop_order == "decode":
+            raise ConfigError("loop_order", "loop_order='decode' runs KV-cache problems (attention_with_kvcache)")
         if not problem.is_fp8:
             q, k, v = random_inputs(problem, device, seed)
             check_config(config, problem, q, k, v)
@@ -71,3 +84,29 @@ class TrialInputs:
         check_config(config, problem, x.q, x.k, x.v)
         check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
         return cls(x.q, x.k, x.v, x.scales, source)
+
+    @classmethod
+    def kv_cache(cls, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
+        """A KV cache holding ``seqlen_k`` keys per sequence and the dense copy the reference reads."""
+        q, k, v = random_inputs(problem, device, seed)  # (B, H, N, D)
+        lengths = torch.full((problem.batch,), problem.seqlen_k, device=device, dtype=torch.int32)
+        q_cache = q.transpose(1, 2).contiguous()
+        k_rows, v_rows = (t.transpose(1, 2).contiguous() for t in (k, v))  # (B, N, Hkv, D)
+        page = problem.page_size
+        if not page:
+            return cls(q_cache, k_rows, v_rows, None, (q, k, v), lengths, None)
+        per = -(-problem.seqlen_k // page)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+        order = torch.randperm(problem.batch * per, generator=gen, device=device)
+        pages = []
+        for rows in (k_rows, v_rows):
+            padded = torch.zeros((problem.batch, per * page, problem.heads_kv, problem.head_dim), device=device,
+                                 dtype=rows.dtype)
+            padded[:, :problem.seqlen_k] = rows
+            paged = torch.empty((problem.batch * per, page, problem.heads_kv, problem.head_dim), device=device,
+                                dtype=rows.dtype)
+            paged[order] = padded.reshape(problem.batch * per, page, problem.heads_kv, problem.head_dim)
+            pages.append(paged)
+        table = order.reshape(problem.batch, per).to(torch.int32)
+        return cls(q_cache, pages[0], pages[1], None, (q, k, v), lengths, table)

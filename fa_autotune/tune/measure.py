@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from ..kernels.launcher import allocate_outputs, check_interpretable, prepare, resolve_scale, run
+from ..kernels.launcher import (DecodePlan, allocate_outputs, check_interpretable, explain_launch_failure, prepare,
+                                resolve_scale, run)
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .inputs import TrialInputs
@@ -34,10 +35,32 @@ def check_correct(config: KernelConfig, problem: Problem, inputs: TrialInputs) -
     out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     out.fill_(float("nan"))
     scale = resolve_scale(None, problem.head_dim)
-    run(config, problem, inputs.q, inputs.k, inputs.v, scale, out, None, inputs.scales)
+    if problem.decode:
+        check_interpretable(inputs.q)
+        _decode_plan(config, problem, inputs, out)()
+        out = out.transpose(1, 2)  # (B, Nq, Hq, D) as the reference's (B, H, N, D)
+    else:
+        run(config, problem, inputs.q, inputs.k, inputs.v, scale, out, None, inputs.scales)
     ref, _ = reference_attention(*inputs.reference, causal=problem.causal, scale=scale,
                                  causal_align=problem.causal_align)
     return compare(out, ref)
+
+
+def _decode_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, out) -> Callable[[], object]:
+    """One KV-cache attention step of ``inputs`` (lengths read on the device), as a call."""
+    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, True, inputs.block_table,
+                      resolve_scale(None, problem.head_dim), problem.causal)
+    q, k, v, lengths, table = inputs.q, inputs.k, inputs.v, inputs.lengths, inputs.block_table
+
+    def call():
+        try:
+            return plan(q, k, v, None, None, lengths, table, 0, out, None)
+        except Exception as exc:
+            failure = explain_launch_failure(config, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+    return call
 
 
 def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> Timing:
@@ -66,6 +89,8 @@ def time_config(config: KernelConfig, problem: Problem, inputs: TrialInputs, rep
     first call: output preallocated, FP8 inputs quantized beforehand."""
     out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     check_interpretable(inputs.q)
+    if problem.decode:
+        return time_callable(_decode_plan(config, problem, inputs, out), rep_ms=rep_ms, device=inputs.q.device.type)
     plan = prepare(config, inputs.q, inputs.k, inputs.v, out, None, resolve_scale(None, problem.head_dim),
                    problem.causal_offset, problem.causal, inputs.scales)
     q, k, v, scales = inputs.q, inputs.k, inputs.v, inputs.scales

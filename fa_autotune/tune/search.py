@@ -188,14 +188,20 @@ class Tuner:
         # Progress counts distinct configs; repeated proposals are answered from the database
         # and only bounded (REPEAT_ALLOWANCE) so that a small space still ends.
         current: list[_Pending] = []
+        asked = 0  # bounds the asks even where failed trials do not count as finished (FP8)
         while True:
             room = target - _distinct(study) - len(current)
             in_time = stop_at is None or time.monotonic() < stop_at
+            can_ask = room > 0 and in_time and max(_finished(study), asked) < target * REPEAT_ALLOWANCE
             upcoming = []
-            if room > 0 and in_time and _finished(study) < target * REPEAT_ALLOWANCE:
-                upcoming = self._prepare(study, problem, ids, pool, min(self.options.jobs, room), outcome,
+            if can_ask:
+                size = min(self.options.jobs, room)
+                upcoming = self._prepare(study, problem, ids, pool, size, outcome,
                                          in_flight={p.config for p in current})
+                asked += size
             if not current and not upcoming:
+                if can_ask:  # every config asked was settled at once (invalid, or measured before)
+                    continue
                 break
             self._complete(study, problem, ids, pool, worker, current, outcome)
             current = upcoming

@@ -221,3 +221,40 @@ print("wgmma" in compiled.asm["ptx"], compiled.metadata.shared)
     assert result.returncode == 0, result.stderr[-2000:]
     uses_wgmma, shared = result.stdout.split()
     assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]
+
+
+DECODE_CASES = [
+    (Problem(1, 32, 8, 1, 131072, 128, "bfloat16", decode=True), dict(num_splits=16, num_stages=4)),
+    (Problem(8, 32, 8, 1, 32768, 128, "bfloat16", decode=True, page_size=16), dict(num_splits=8, num_stages=2)),
+    (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", decode=True, page_size=128),
+     dict(BLOCK_M=32, num_splits=1, causal_mode="masked", num_stages=3)),
+    (Problem(2, 8, 8, 1, 1000, 80, "float16", decode=True), dict(BLOCK_N=32, num_splits=3, num_stages=5)),
+]
+
+
+@pytest.mark.parametrize("problem, changes", DECODE_CASES, ids=lambda v: getattr(v, "key", ""))
+def test_decode_variants_compile_for_hopper(problem, changes):
+    """KV-cache kernels (attend, combine when split, append) compile for sm_90 with their
+    K/V tiles loaded asynchronously (cp.async), paged or not, and fit in shared memory."""
+    from fa_autotune.kernels.aot import compile_variant, decode_example
+
+    config = KernelConfig(loop_order="decode", BLOCK_M=changes.pop("BLOCK_M", 16), **changes)
+    (result,) = compile_many([config], problem, jobs=1)
+    assert result.status == "ok", result.error
+    names = {k.kernel for k in result.kernels}
+    assert config.name in names and (f"{config.name}_combine" in names) == (config.num_splits > 1)
+    assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    launches = [launch.kernel.__name__ for launch, _ in decode_example(config, problem, "meta", append=True).arguments()]
+    assert launches[0] == f"{config.name}_append" and config.name in launches
+
+
+def test_decode_paged_kernel_pipelines_its_tile_loads():
+    """The sm_90 PTX of a paged decode kernel issues its K/V tiles with cp.async (the page
+    lookup does not turn the loads synchronous), and 7 stages need the shared memory of
+    three K and V buffers in flight (3 x 2 x 64 x 128 x 2 bytes)."""
+    problem = Problem(1, 32, 8, 1, 65536, 128, "bfloat16", decode=True, page_size=16)
+    config = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=64, num_stages=7, num_splits=16)
+    (result,) = compile_many([config], problem, jobs=1)
+    main = next(k for k in result.kernels if k.kernel == config.name)
+    assert dict(main.instructions)["cp.async.cg.shared.global"] >= 32
+    assert main.shared_bytes >= 3 * 2 * 64 * 128 * 2

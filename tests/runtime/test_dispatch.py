@@ -476,3 +476,56 @@ def test_foreign_or_corrupt_database_is_skipped_and_untouched(tmp_path, monkeypa
         out = fa_autotune.attention(q, k, v)
     assert_close_to_reference(out, q, k, v)
     assert path.read_bytes() == before and not (tmp_path / "other.sqlite-wal").exists()
+
+
+DECODE_P = Problem(2, 4, 2, 1, 64, 32, "float16", decode=True, page_size=16)
+DECODE_CFG = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=16, num_stages=1, num_splits=3)
+
+
+def test_decode_winners_go_to_their_own_file_and_serve_nearby_shapes(tmp_path, isolated):
+    """One Tuned with forward and KV-cache winners writes two files; the decode file serves
+    attention_with_kvcache's shapes nearest its buckets, never forward problems."""
+    gpu = interpreter_gpu()
+    forward = Problem(1, 2, 2, 24, 24, 16, "float16")
+    from fa_autotune.spec.tuned import Tuned
+
+    tuned = Tuned.latest(gpu, [Winner(forward, CFG_A, 1.0, 1.0, 1e-4, gpu, SW),
+                               Winner(DECODE_P, DECODE_CFG, 1.0, 1.0, 1e-4, gpu, SW)])
+    paths = [files.write(tuned, isolated, family=f) for f in files.FAMILIES]
+    assert [p.name.split(".")[-2] for p in paths] == ["attn_fwd", "attn_decode"]
+    fwd, dec = (files.load(p) for p in paths)
+    assert [w.problem for w in fwd.winners] == [forward] and [w.problem for w in dec.winners] == [DECODE_P]
+    longer = Problem(3, 4, 2, 1, 200, 32, "float16", decode=True, page_size=128)
+    choice = dispatch.DISPATCHER.choose(longer, "cpu", 0)
+    assert (choice.source, choice.config, choice.matched) == ("shipped", DECODE_CFG, DECODE_P)
+    contiguous = Problem(3, 4, 2, 1, 200, 32, "float16", decode=True)
+    assert dispatch.DISPATCHER.choose(contiguous, "cpu", 0).source == "default"  # paged buckets do not serve it
+    assert dispatch.DISPATCHER.choose(Problem(1, 4, 2, 1, 64, 32, "float16"), "cpu", 0).config != DECODE_CFG
+    # attention_with_kvcache runs the tuned config on the longer shape
+    k_cache = torch.randn(8, 128, 2, 32, dtype=torch.float16)
+    q = torch.randn(3, 1, 4, 32, dtype=torch.float16)
+    table = torch.arange(6, dtype=torch.int32).reshape(3, 2)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, k_cache, cache_seqlens=torch.tensor(
+        [200, 3, 130], dtype=torch.int32), block_table=table)
+    for b, n in enumerate((200, 3, 130)):
+        kv = k_cache[table[b].long()].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0)
+        assert_close_to_reference(out[b:b + 1].transpose(1, 2), q[b:b + 1].transpose(1, 2), kv, kv)
+
+
+def test_a_decode_entry_in_a_forward_file_is_refused(tmp_path):
+    path = write_file(tmp_path, [(DECODE_P, DECODE_CFG)])
+    with pytest.raises(ConfigFileError, match="attn_decode problem in a attn_fwd file"):
+        files.load(path)
+
+
+def test_the_shipped_h200_decode_file_loads_and_serves(monkeypatch):
+    from fa_autotune.paths import data_dir
+
+    monkeypatch.setattr(dispatch, "_shipped_dir", lambda: data_dir("tuning_db"))
+    tuned = files.load(data_dir("tuning_db") / "nvidia-h200.attn_decode.json")
+    assert tuned.gpu.name == "NVIDIA H200" and len(tuned.winners) == 18
+    assert all(w.problem.decode and w.config.loop_order == "decode" for w in tuned.winners)
+    monkeypatch.setattr(dispatch, "detect_gpu", lambda index: tuned.gpu)
+    near = Problem(2, 32, 8, 1, 100000, 128, "bfloat16", decode=True, page_size=32)
+    choice = dispatch.DISPATCHER.choose(near, "cuda", 0)
+    assert choice.source == "shipped" and choice.matched.page_size in (16, 128) and choice.config.loop_order == "decode"

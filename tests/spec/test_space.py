@@ -185,3 +185,33 @@ def test_presets_that_multiply_out_huge_are_refused_quickly():
     start = time.perf_counter()
     assert len(parse_space(many, "many.yaml").presets["p"].problems) == 8100
     assert time.perf_counter() - start < 10
+
+
+def test_decode_space_and_presets():
+    """search_spaces/decode.yaml: KV-cache problems (bottom-right causal), decode configs only,
+    every serving problem has configs on Hopper and in the interpreter."""
+    from fa_autotune.spec.space import load_space
+
+    space = load_space("decode")
+    assert space.name == "attn_decode"
+    serving = space.presets["serving"].problems
+    assert len(serving) == 18 and all(p.decode for p in serving)
+    assert {p.page_size for p in serving} == {0, 16, 128}
+    spec = space.presets["speculative"].problems
+    assert all(p.causal and p.causal_align == "bottom_right" and p.seqlen_q == 4 for p in spec)
+    for arch in ("sm90", "interpreter"):
+        resolved = space.for_arch(arch)
+        for problem in serving[:3] + spec[:1]:
+            grid = resolved.grid(problem)
+            assert grid and all(c.loop_order == "decode" for c in grid)
+            assert all(c.num_splits * c.BLOCK_N <= problem.seqlen_k for c in grid)
+
+
+def test_page_size_only_in_decode_spaces():
+    from fa_autotune.errors import SearchSpaceError
+    from fa_autotune.spec.space import parse_space
+
+    text = open(__file__.replace("tests/spec/test_space.py", "search_spaces/fwd.yaml")).read()
+    text = text.replace("seqlen: 64, head_dim: 32, dtype: float16,", "seqlen: 64, head_dim: 32, dtype: float16, page_size: 16,")
+    with pytest.raises(SearchSpaceError, match="page_size"):
+        parse_space(text)

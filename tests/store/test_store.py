@@ -112,7 +112,7 @@ def test_version_1_database_gains_the_pareto_table(db):
         conn.execute(models.SchemaVersionModel.__table__.insert().values(version=1))
     db.dispose()
     upgraded = connect(db.url)
-    assert schema_version(upgraded) == 2
+    assert schema_version(upgraded) == models.SCHEMA_VERSION
     fp8 = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
     ids = identities(upgraded, fp8, GPU, SW)
     fast, exact = KernelConfig(fp8_scaling="per_tensor", fp8_hadamard=False), KernelConfig()
@@ -178,3 +178,24 @@ for i in range(40):
     with connect(url).engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM fa_problems")).scalar() == 40
         assert conn.execute(text("SELECT COUNT(*) FROM fa_configs")).scalar() == 12
+
+
+def test_version_2_database_gains_kv_cache_problems(db):
+    """A database written before KV-cache tuning (schema 2: no decode/page_size columns)
+    upgrades in place; its problems read back as forward problems, decode ones store beside."""
+    ids = identities(db, PROBLEM, GPU, SW)
+    record(db, ids, KernelConfig(), "ok", median_ms=2.0)
+    with db.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN decode"))
+        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN page_size"))
+        conn.execute(text("DELETE FROM fa_schema_version"))
+        conn.execute(models.SchemaVersionModel.__table__.insert().values(version=2))
+    db.dispose()
+    upgraded = connect(db.url)
+    assert schema_version(upgraded) == models.SCHEMA_VERSION == 3
+    decode = Problem(4, 32, 8, 1, 4096, 128, "bfloat16", decode=True, page_size=16)
+    config = KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=4)
+    record(upgraded, identities(upgraded, decode, GPU, SW), config, "ok", median_ms=0.1)
+    with upgraded.session() as s:
+        problems = {row.key: row.to_problem() for row in s.query(models.ProblemModel)}
+    assert problems == {PROBLEM.key: PROBLEM, decode.key: decode}

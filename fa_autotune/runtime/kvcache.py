@@ -1,0 +1,264 @@
+"""``attention_with_kvcache``: flash-attn's ``flash_attn_with_kvcache`` for serving.
+
+New query tokens attend a KV cache, contiguous (batch, seqlen_cache, heads_kv, D) or paged
+(num_pages, page_size, heads_kv, D) through a block table, after new keys and values are
+written into it in place. Sequence lengths stay on the device: nothing is read back when a
+CUDA graph is being captured (serving engines replay decode with changing lengths), and
+otherwise only to check them before any kernel runs. The config comes from the dispatcher's
+``attn_decode`` family (tuned buckets by batch, cache length, heads and page size).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import ConfigError, InputError
+from ..kernels.launcher import DecodePlan, check_interpretable, explain_launch_failure, resolve_scale
+from ..spec.config import MAX_SPLITS, KernelConfig
+from ..spec.defaults import decode_default
+from ..spec.problem import Problem, check_runnable
+from .dispatch import DISPATCHER, gpu_of
+
+_PLANS: dict[tuple, DecodePlan] = {}
+_PLANS_LOCK = threading.Lock()
+_MAX_PLANS = 1024
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    config: Mapping[str, Any] | KernelConfig | None = None,
+    check_lengths: bool | None = None,
+):
+    """Attention of ``q`` (batch, seqlen_q, heads_q, D) over a KV cache, flash-attn's
+    ``flash_attn_with_kvcache`` (same names, order, layouts and semantics).
+
+    ``k_cache``/``v_cache``: (batch, seqlen_cache, heads_kv, D), or with ``block_table``
+    (batch, max_pages) int32, paged (num_pages, page_size, heads_kv, D). ``cache_seqlens``:
+    an int or an int32 (batch,) tensor of cached lengths (None: the whole cache).
+    ``k``/``v`` (batch, seqlen_new, heads_kv, D) are written into the cache at
+    ``cache_seqlens`` first, in place, and attended too. ``causal`` aligns the diagonal
+    bottom-right per sequence. ``num_splits``: 0 takes the tuned choice, n > 0 splits each
+    sequence's keys over n programs. Returns out (batch, seqlen_q, heads_q, D), and with
+    ``return_softmax_lse`` also the natural-log LSE (batch, heads_q, seqlen_q), fp32.
+
+    Extra (keyword-only): ``config`` runs that kernel variant; ``check_lengths`` (default:
+    unless a CUDA graph is being captured) reads the lengths and block table back to refuse
+    out-of-range values before any kernel runs. flash-attn options this kernel does not
+    implement (rotary, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
+    raise when set rather than being ignored.
+    """
+    _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
+    _refuse_grad(q, k_cache, v_cache, k, v)
+    problem, capacity = _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal)
+    n_new = 0 if k is None else k.shape[1]
+    seqlen = _check_seqlens(cache_seqlens, q, n_new, capacity)
+    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if check_lengths is None:
+        check_lengths = not capturing
+    elif check_lengths and capturing:
+        raise InputError("check_lengths=True reads the lengths back to the host, which a CUDA graph capture "
+                         "cannot do; leave it None (checks off while capturing)")
+    if check_lengths:
+        _check_values(cache_seqlens, block_table, k_cache.shape[0], n_new, capacity)
+    scale = resolve_scale(softmax_scale, problem.head_dim)
+    out = torch.empty_like(q)
+    lse = (torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
+           if return_softmax_lse else None)
+    if problem.batch and problem.seqlen_q or n_new:
+        chosen = _config(problem, q, config, num_splits)
+        check_interpretable(q)
+        tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+        key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
+               None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
+               None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse)
+        plan = _PLANS.get(key)
+        try:
+            if plan is None:
+                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, tensor_lengths is not None,
+                                  block_table, scale, causal)
+                with _PLANS_LOCK:
+                    if len(_PLANS) >= _MAX_PLANS:
+                        _PLANS.clear()
+                    _PLANS[key] = plan
+            plan(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse)
+        except Exception as exc:
+            failure = explain_launch_failure(chosen, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+    elif lse is not None:
+        lse.fill_(-math.inf)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap,
+                        alibi_slopes) -> None:
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad), ("alibi_slopes", alibi_slopes)):
+        if value is not None:
+            raise InputError(f"{name} is not supported by fa_autotune.attention_with_kvcache; apply it before the "
+                             "call (rotary) or lay the cache out per batch row")
+    if tuple(window_size) != (-1, -1):
+        raise InputError(f"window_size={tuple(window_size)}: sliding-window attention is not supported; use (-1, -1)")
+    if softcap:
+        raise InputError(f"softcap={softcap}: score soft-capping is not supported; use 0.0")
+
+
+def _refuse_grad(*tensors) -> None:
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise InputError("inputs require grad, but attention_with_kvcache has no backward: call it under "
+                         "torch.no_grad() / torch.inference_mode()")
+
+
+def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> tuple[Problem, int]:
+    """Shapes, dtypes, devices and layouts; the KV-cache problem and the cache's capacity
+    (keys a sequence can hold)."""
+    # flash-attn's (batch, seqlen, heads, D) as the (batch, heads, seqlen, D) views the
+    # dense checks take.
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise InputError(f"{name} must be a 4-dim tensor (batch or pages, seqlen, heads, head_dim), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+            raise InputError(f"{name} has dtype {t.dtype}; attention_with_kvcache takes {', '.join(_DTYPES)}")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise InputError(f"{name} is {t.dtype} on {t.device}, q is {q.dtype} on {q.device}: they must match")
+    if k_cache.shape != v_cache.shape:
+        raise InputError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if k_cache.shape[3] != q.shape[3]:
+        raise InputError(f"head_dim differs: q has {q.shape[3]}, the cache {k_cache.shape[3]}")
+    batch, n_q, heads_q, head_dim = q.shape
+    slots, page_rows, heads_kv, _ = k_cache.shape
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise InputError(f"heads of q ({heads_q}) must be a multiple of the cache's heads ({heads_kv})")
+    if block_table is None:
+        if slots < batch:
+            raise InputError(f"k_cache holds {slots} sequences, q has {batch}")
+        capacity, page_size = page_rows, 0
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.dtype != torch.int32:
+            raise InputError("block_table must be a 2-dim int32 tensor (batch, max_pages), got "
+                             f"{(block_table.dtype, tuple(block_table.shape)) if isinstance(block_table, torch.Tensor) else type(block_table).__name__}")
+        if block_table.shape[0] != batch:
+            raise InputError(f"block_table has {block_table.shape[0]} rows, q has batch {batch}")
+        if block_table.device != q.device:
+            raise InputError(f"block_table is on {block_table.device}, q on {q.device}")
+        if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+            raise InputError("block_table's rows must be contiguous (stride 1 along max_pages)")
+        if page_rows == 0:
+            raise InputError("a paged cache needs pages of at least one row")
+        capacity, page_size = block_table.shape[1] * page_rows, page_rows
+    if (k is None) != (v is None):
+        raise InputError("pass both k and v (new keys and values to append), or neither")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise InputError(f"{name} must be a 4-dim tensor (batch, seqlen_new, heads_kv, head_dim)")
+            if t.dtype != q.dtype or t.device != q.device:
+                raise InputError(f"{name} must be {q.dtype} on {q.device} like q, got {t.dtype} on {t.device}")
+            if (t.shape[0], t.shape[2], t.shape[3]) != (batch, heads_kv, head_dim):
+                raise InputError(f"{name} has shape {tuple(t.shape)}; expected ({batch}, seqlen_new, {heads_kv}, "
+                                 f"{head_dim}) to append to this cache")
+        if k.shape[1] != v.shape[1]:
+            raise InputError(f"k and v append different numbers of tokens ({k.shape[1]} and {v.shape[1]})")
+        if cache_seqlens is None:
+            raise InputError("appending k/v needs cache_seqlens (where each sequence's new tokens go)")
+    if not isinstance(causal, bool):
+        raise InputError(f"causal must be True or False, got {causal!r}")
+    n_new = 0 if k is None else k.shape[1]
+    seqlen_k = cache_seqlens + n_new if isinstance(cache_seqlens, numbers.Integral) and not isinstance(
+        cache_seqlens, bool) else capacity
+    check_runnable(q)
+    problem = Problem(batch, heads_q, heads_kv, n_q, max(0, min(seqlen_k, capacity)), head_dim,
+                      str(q.dtype).removeprefix("torch."), causal, "bottom_right" if causal else "top_left",
+                      decode=True, page_size=page_size)
+    return problem, capacity
+
+
+def _check_seqlens(cache_seqlens, q, n_new: int, capacity: int) -> int:
+    """Types and shapes of ``cache_seqlens``; the scalar length the kernel takes when it is
+    an int (or None: the whole cache)."""
+    if cache_seqlens is None:
+        return capacity
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity - n_new:
+            raise InputError(f"cache_seqlens={cache_seqlens} with {n_new} new tokens does not fit the cache's "
+                             f"{capacity} rows")
+        return int(cache_seqlens)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32 \
+            or cache_seqlens.shape != (q.shape[0],):
+        raise InputError(f"cache_seqlens must be an int or an int32 tensor of shape ({q.shape[0]},), got "
+                         f"{(cache_seqlens.dtype, tuple(cache_seqlens.shape)) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens!r}")
+    if cache_seqlens.device != q.device:
+        raise InputError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}")
+    return 0
+
+
+def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capacity: int) -> None:
+    """Lengths within the cache and the block-table entries they reach naming real pages, in
+    one read-back; raises before anything is written."""
+    if not isinstance(cache_seqlens, torch.Tensor) and block_table is None:
+        return
+    device = block_table.device if block_table is not None else cache_seqlens.device
+    if isinstance(cache_seqlens, torch.Tensor):
+        used = cache_seqlens.to(torch.int64) + n_new
+        bad_length = (cache_seqlens < 0) | (used > capacity)
+    else:
+        used = torch.full((block_table.shape[0],), capacity if cache_seqlens is None else cache_seqlens + n_new,
+                          device=device, dtype=torch.int64)
+        bad_length = torch.zeros_like(used, dtype=torch.bool)
+    flags = [bad_length.any()]
+    if block_table is not None:
+        page_size = capacity // max(block_table.shape[1], 1)
+        pages = (used.clamp(0, capacity) + page_size - 1) // page_size
+        reached = torch.arange(block_table.shape[1], device=device)[None, :] < pages[:, None]
+        flags.append((reached & ((block_table < 0) | (block_table >= num_pages))).any())
+    found = torch.stack(flags).tolist()
+    if found[0]:
+        row = int(bad_length.nonzero()[0, 0])
+        raise InputError(f"cache_seqlens[{row}] = {int(cache_seqlens[row])} with {n_new} new tokens is outside the "
+                         f"cache's {capacity} rows")
+    if len(found) > 1 and found[1]:
+        raise InputError(f"block_table names pages outside the cache's {num_pages} within the sequences' lengths")
+
+
+def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= MAX_SPLITS:
+        raise InputError(f"num_splits must be 0 (tuned) or 1..{MAX_SPLITS}, got {num_splits!r}")
+    if config is not None:
+        chosen = KernelConfig.from_mapping(config)
+    else:
+        chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+        if chosen.loop_order != "decode":  # a foreign config in a tuned file: the built-in one
+            gpu = gpu_of(q.device.type, q.device.index or 0)
+            chosen = decode_default(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
+    if chosen.loop_order != "decode":
+        raise ConfigError("loop_order", f"attention_with_kvcache runs loop_order='decode' configs, got {chosen.name}")
+    if num_splits:
+        chosen = chosen.with_(num_splits=int(num_splits))
+    return chosen

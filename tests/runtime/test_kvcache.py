@@ -1,0 +1,215 @@
+"""attention_with_kvcache: flash-attn's KV-cache call, contiguous and paged, with appends, in
+Triton's interpreter (and on a GPU when there is one), against float32 attention on each
+sequence's keys alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fa_autotune
+from fa_autotune import ConfigError, InputError
+from helpers import assert_close_to_reference
+
+DECODE = {"loop_order": "decode", "BLOCK_M": 16, "BLOCK_N": 16, "num_stages": 1}
+
+
+def make_cache(batch, capacity, heads_kv, head_dim, page=0, dtype=torch.float16, device="cpu"):
+    """A cache holding `capacity` rows per sequence: contiguous, or pages in shuffled order
+    (plus two spare pages) with their block table."""
+    if not page:
+        k = torch.randn(batch, capacity, heads_kv, head_dim, dtype=dtype, device=device)
+        return k, torch.randn_like(k), None
+    per = capacity // page
+    pages = batch * per + 2
+    k = torch.randn(pages, page, heads_kv, head_dim, dtype=dtype, device=device)
+    table = torch.randperm(pages, device=device)[: batch * per].reshape(batch, per).to(torch.int32)
+    return k, torch.randn_like(k), table
+
+
+def sequence_kv(cache, table, b, length):
+    """Sequence b's first `length` cached rows as (length, heads_kv, D)."""
+    if table is None:
+        return cache[b, :length]
+    page = cache.shape[1]
+    return cache[table[b, : -(-length // page)].long()].flatten(0, 1)[:length]
+
+
+def check(out, lse, q, k_cache, v_cache, table, lengths, causal, scale=None):
+    for b, length in enumerate(lengths):
+        keys = [sequence_kv(c, table, b, length).transpose(0, 1).unsqueeze(0) for c in (k_cache, v_cache)]
+        assert_close_to_reference(out[b:b + 1].transpose(1, 2), q[b:b + 1].transpose(1, 2), *keys, causal=causal,
+                                  scale=scale, causal_align="bottom_right",
+                                  lse=None if lse is None else lse[b:b + 1])
+
+
+def appended(cache, table, new, lengths):
+    """What the cache must hold after appending `new` (batch, n_new, heads_kv, D)."""
+    cache = cache.clone()
+    for b, start in enumerate(lengths):
+        for i in range(new.shape[1]):
+            pos = start + i
+            if table is None:
+                cache[b, pos] = new[b, i]
+            else:
+                cache[table[b, pos // cache.shape[1]], pos % cache.shape[1]] = new[b, i]
+    return cache
+
+
+CASES = {  # (page size, config changes)
+    "contiguous": (0, {}),
+    "contiguous-split3": (0, {"num_splits": 3}),
+    "paged16-block32": (16, {"BLOCK_N": 32, "num_splits": 2}),  # a K/V step spans two pages
+    "paged32-block16": (32, {"causal_mode": "masked"}),  # two steps per page
+    "paged16-split4-rows32": (16, {"BLOCK_M": 32, "num_splits": 4}),
+}
+
+
+@pytest.mark.parametrize("n_q", [1, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_append_and_attend(case, causal, n_q, device):
+    """GQA 4:1, per-sequence lengths (an empty cache among them), two new tokens appended in
+    place before attending; the LSE too."""
+    page, changes = CASES[case]
+    batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 32, 64
+    k_cache, v_cache, table = make_cache(batch, capacity, heads_kv, head_dim, page, device=device)
+    q = torch.randn(batch, n_q, heads_q, head_dim, dtype=torch.float16, device=device)
+    k_new = torch.randn(batch, 2, heads_kv, head_dim, dtype=torch.float16, device=device)
+    v_new = torch.randn_like(k_new)
+    lengths = [37, 0, 62]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    want_k, want_v = appended(k_cache, table, k_new, lengths), appended(v_cache, table, v_new, lengths)
+    out, lse = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                                  block_table=table, causal=causal, return_softmax_lse=True,
+                                                  config={**DECODE, **changes})
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert out.shape == q.shape and lse.shape == (batch, heads_q, n_q)
+    check(out, lse, q, k_cache, v_cache, table, [n + 2 for n in lengths], causal)
+
+
+def test_dispatched_config_int_lengths_and_whole_cache(device):
+    """No config (the dispatcher's decode default); cache_seqlens as an int and as None."""
+    k_cache, v_cache, _ = make_cache(2, 48, 2, 64, device=device)
+    q = torch.randn(2, 1, 4, 64, dtype=torch.float16, device=device)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=29)
+    check(out, None, q, k_cache, v_cache, None, [29, 29], False)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache)
+    check(out, None, q, k_cache, v_cache, None, [48, 48], False)
+
+
+@pytest.mark.parametrize("dtype, head_dim", [(torch.float32, 80), (torch.float16, 16)])
+def test_dtypes_head_dims_mqa_scale_and_num_splits(dtype, head_dim, device):
+    k_cache, v_cache, table = make_cache(2, 64, 1, head_dim, page=16, dtype=dtype, device=device)
+    q = torch.randn(2, 2, 4, head_dim, dtype=dtype, device=device)
+    seqlens = torch.tensor([33, 64], dtype=torch.int32, device=device)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                             softmax_scale=0.3, causal=True, num_splits=5, config=DECODE)
+    check(out, None, q, k_cache, v_cache, table, [33, 64], True, scale=0.3)
+
+
+def test_many_query_rows_take_several_tiles(device):
+    """Chunked prefill: 9 tokens x group 4 = 36 rows, more than one 16-row tile."""
+    k_cache, v_cache, _ = make_cache(1, 40, 2, 32, device=device)
+    q = torch.randn(1, 9, 8, 32, dtype=torch.float16, device=device)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(
+        [40], dtype=torch.int32, device=device), causal=True, config={**DECODE, "num_splits": 2})
+    check(out, None, q, k_cache, v_cache, None, [40], True)
+
+
+def test_empty_batch_and_empty_cache(device):
+    k_cache, v_cache, _ = make_cache(2, 16, 1, 32, device=device)
+    q = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
+    out, lse = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=0, return_softmax_lse=True,
+                                                  config=DECODE)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    none = fa_autotune.attention_with_kvcache(q[:0], k_cache, v_cache, cache_seqlens=0)
+    assert none.shape == (0, 1, 2, 32)
+
+
+def _bad_call(device, **changes):
+    k_cache, v_cache, table = make_cache(2, 32, 2, 32, page=16, device=device)
+    args = {"q": torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device), "k_cache": k_cache,
+            "v_cache": v_cache, "k": torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device),
+            "v": torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device),
+            "cache_seqlens": torch.tensor([3, 5], dtype=torch.int32, device=device), "block_table": table,
+            "config": DECODE}
+    args.update(changes)
+    return args
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"cache_seqlens": "lengths 31 and 32"}, "cache_seqlens"),  # replaced below
+    ({"block_table": "page 99"}, "block_table names pages"),
+    ({"cache_seqlens": "negative"}, "cache_seqlens"),
+    ({"cache_seqlens": 40}, "does not fit"),
+    ({"cache_seqlens": "int64"}, "int32"),
+    ({"q": "float32 q"}, "must match"),
+    ({"q": "5 heads"}, "multiple"),
+    ({"v": None}, "both k and v"),
+    ({"block_table": "int64"}, "int32"),
+    ({"window_size": (8, 0)}, "sliding-window"),
+    ({"softcap": 30.0}, "soft-capping"),
+    ({"rotary_cos": "tensor"}, "rotary_cos"),
+    ({"num_splits": -1}, "num_splits"),
+])
+def test_bad_input_raises_before_touching_the_cache(changes, match, device):
+    args = _bad_call(device)
+    name, value = next(iter(changes.items()))
+    value = {"lengths 31 and 32": torch.tensor([31, 32], dtype=torch.int32, device=device),
+             "page 99": torch.tensor([[0, 99], [99, 3]], dtype=torch.int32, device=device),
+             "negative": torch.tensor([-1, 3], dtype=torch.int32, device=device),
+             "int64": (args[name].long() if isinstance(args.get(name), torch.Tensor) else None),
+             "float32 q": args["q"].float(), "5 heads": torch.randn(2, 1, 5, 32, dtype=torch.float16, device=device),
+             "tensor": torch.zeros(1, device=device)}.get(value, value) if isinstance(value, str) else value
+    args[name] = value
+    before = args["k_cache"].clone(), args["v_cache"].clone()
+    with pytest.raises(InputError, match=match):
+        fa_autotune.attention_with_kvcache(**args)
+    assert torch.equal(args["k_cache"], before[0]) and torch.equal(args["v_cache"], before[1])
+
+
+def test_forward_config_and_grad_are_refused(device):
+    args = _bad_call(device, config={"BLOCK_M": 16, "BLOCK_N": 16})
+    with pytest.raises(ConfigError, match="decode"):
+        fa_autotune.attention_with_kvcache(**args)
+    args = _bad_call(device)
+    args["q"].requires_grad_(True)
+    with pytest.raises(InputError, match="backward"):
+        fa_autotune.attention_with_kvcache(**args)
+
+
+def test_decode_config_validation():
+    with pytest.raises(ConfigError, match="pointer"):
+        fa_autotune.KernelConfig(loop_order="decode", access="tensor_desc")
+    with pytest.raises(ConfigError, match="128"):
+        fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=256)
+    cfg = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=8)
+    assert cfg.name == "attn_decode_m16n64_w4s3_cband_x8"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("page", [0, 16, 128])
+def test_gpu_cuda_graph_replays_with_changing_lengths(page):
+    """Captured once, replayed after the lengths (and the appended tokens) change: the graph
+    reads them on the device. bf16, a realistic GQA shape, the dispatched config."""
+    batch, capacity = 4, 4096
+    k_cache, v_cache, table = make_cache(batch, capacity, 8, 128, page=page, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(batch, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k_new = torch.randn(batch, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v_new = torch.randn_like(k_new)
+    seqlens = torch.tensor([100, 4000, 1, 2047], dtype=torch.int32, device="cuda")
+    fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                                 block_table=table)
+    for lengths in ([7, 3000, 0, 4094], [4094, 1, 512, 64]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        k_new.normal_()
+        v_new.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, None, q, k_cache, v_cache, table, [n + 1 for n in lengths], False)
