@@ -1,5 +1,8 @@
 """``fa-autotune bench``: every attention provider, side by side, on the same inputs.
 
+KV-cache problems (``--space decode``) run ``attention_with_kvcache`` for ``tuned`` and
+``default`` and report microseconds and TB/s of K/V read beside the ratios.
+
 Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
 (our template tuned only over the Triton fused-attention tutorial's config list,
 search_spaces/tutorial.yaml), SDPA's ``flash``, ``cudnn`` and ``efficient`` backends, and
@@ -14,7 +17,7 @@ import contextlib
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,12 +28,14 @@ from .kernels.checks import check_config
 from .kernels.launcher import prepare
 from .runtime import api
 from .spec.config import KernelConfig
-from .spec.defaults import default_for
+from .runtime.dispatch import DISPATCHER
+from .runtime.kvcache import attention_with_kvcache
+from .spec.defaults import decode_default, default_for
 from .spec.problem import Problem
 from .spec.space import load_space
 from .spec.target import detect_gpu, detect_software, environment
 from .store import connect
-from .tune.inputs import random_inputs
+from .tune.inputs import TrialInputs, random_inputs
 from .tune.measure import time_callable
 from .tune.reference import compare, reference_attention
 from .tune.search import TuneOptions, Tuner
@@ -47,6 +52,7 @@ class Cell:
     tflops: float | None = None
     rel_error: float | None = None
     detail: str = ""
+    tbps: float | None = None  # KV-cache problems: K/V bytes read per second, in TB/s
 
 
 @dataclass
@@ -145,21 +151,51 @@ class Bench:
             raise Unavailable("no tutorial config passed on this problem")
         return outcome.best
 
+    def decode_callable_for(self, provider: str, problem: Problem, x: TrialInputs):
+        """KV-cache problems: (fn giving (B, H, Nq, D), context factory or None, detail). Ours
+        read the cache as laid out (contiguous or paged); SDPA and Flex read dense K/V."""
+        if provider in ("tuned", "default"):
+            config = None if provider == "tuned" else decode_default(problem, torch.cuda.get_device_capability(),
+                                                                      torch.cuda.get_device_properties(0).multi_processor_count)
+            chosen = config or DISPATCHER.choose(problem, "cuda", x.q.device.index or 0).config
+
+            def call():
+                return attention_with_kvcache(x.q, x.k, x.v, cache_seqlens=x.lengths, block_table=x.block_table,
+                                              causal=problem.causal, config=config, check_lengths=False).transpose(1, 2)
+            return call, None, chosen.name
+        if provider == "tutorial":
+            raise Unavailable("the tutorial's configs are forward kernels, not KV-cache ones")
+        q, k, v = x.reference
+        if provider == "flex":
+            return _flex(problem, q, k, v), None, "torch.compile(flex_attention), dense K/V"
+        if problem.causal and problem.seqlen_q > 1:
+            raise Unavailable("SDPA's is_causal aligns top-left; KV-cache attention aligns bottom-right")
+        fn, context = sdpa_call(provider, replace(problem, causal=False), q, k, v)
+        return fn, context, f"SDPA {provider}, dense K/V"
+
     def run_problem(self, problem: Problem) -> Row:
-        q, k, v = random_inputs(problem, "cuda")
+        if problem.decode:
+            x = TrialInputs.kv_cache(problem, "cuda")
+            q, k, v = x.reference
+        else:
+            q, k, v = random_inputs(problem, "cuda")
         ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
         row = Row(problem.key, problem.dtype)
         for provider in self.providers:
             try:
-                fn, context, detail = self.callable_for(provider, problem, q, k, v)
+                if problem.decode:
+                    fn, context, detail = self.decode_callable_for(provider, problem, x)
+                else:
+                    fn, context, detail = self.callable_for(provider, problem, q, k, v)
                 with (context() if context else contextlib.nullcontext()):
                     report = compare(fn(), ref)
                     if not report.passes(problem.dtype):
                         row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
                         continue
                     timing = time_callable(fn, rep_ms=self.rep_ms)
+                tbps = problem.kv_bytes / (timing.median_ms * 1e-3) / 1e12 if problem.decode else None
                 row.cells[provider] = Cell(provider, "ok", timing.median_ms, problem.tflops(timing.median_ms),
-                                           report.rel, detail)
+                                           report.rel, detail, tbps)
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
             torch.cuda.synchronize()
@@ -279,7 +315,9 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
              *([f"Merged from {summary['runs']} runs on GPUs of this model and software; each row is one run, "
                 "its providers timed side by side on the same inputs (ceiling: median of the runs').", ""]
                if summary.get("runs", 1) > 1 else []),
-             "TFLOPS (ratio to cuDNN); every output checked against a float32 reference before timing.", "",
+             "TFLOPS (ratio to cuDNN); KV-cache problems (`_kvcache`, `_paged<P>`) in microseconds and TB/s "
+             "of K/V read, fa_autotune reading the cache as laid out, SDPA and Flex dense (B, H, N, D) K/V. "
+             "Every output checked against a float32 reference before timing.", "",
              "| problem | " + " | ".join(providers) + " |", "|---" * (len(providers) + 1) + "|"]
     for r in summary["rows"]:
         cells = []
@@ -290,7 +328,10 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
                 cells.append(c["status"] if c else "-")
                 continue
             ratio = f" ({base['ms'] / c['ms']:.2f}x)" if base.get("ms") else ""
-            cells.append(f"{c['tflops']:.0f}{ratio}")
+            if c.get("tbps"):  # KV-cache problems: time and K/V bandwidth
+                cells.append(f"{c['ms'] * 1e3:.0f} us, {c['tbps']:.2f} TB/s{ratio}")
+            else:
+                cells.append(f"{c['tflops']:.0f}{ratio}")
         lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
     lines += ["", "Geomeans per dtype (TFLOPS; ratio to cuDNN; worst problem's ratio; % of the bf16 matmul ceiling):", ""]
     lines += ["| dtype | provider | TFLOPS | vs cuDNN | worst vs cuDNN | % of matmul |", "|---|---|---|---|---|---|"]
@@ -303,7 +344,8 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
                          f"{100 * t / summary['bf16_matmul_tflops']:.0f}% |")
     lines += ["", "Configs used:", ""]
     for r in summary["rows"]:
-        details = "; ".join(f"{p}: {c['detail']}" for p, c in r["cells"].items() if p in ("tuned", "default", "tutorial"))
+        details = "; ".join(f"{p}: {c['detail']}" for p, c in r["cells"].items()
+                            if p in ("tuned", "default", "tutorial") and c["status"] == "ok")
         lines.append(f"- {r['problem']}: {details}")
     return "\n".join(lines) + "\n"
 

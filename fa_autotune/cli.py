@@ -328,7 +328,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise FaAutotuneError("bench compares GPU kernels and needs a CUDA GPU (the interpreter's timings mean nothing)")
     space = load_space(args.space)
     if args.seqlen is not None:
-        problems, name = [problem_from_args(args)], "one problem"
+        problems, name = [problem_from_args(args, decode=space.name == "attn_decode")], "one problem"
     else:
         if args.preset not in space.presets:
             raise FaAutotuneError(f"unknown preset {args.preset!r}; available: {', '.join(sorted(space.presets))}")

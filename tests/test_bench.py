@@ -104,3 +104,18 @@ def test_merge_takes_no_measuring_flags(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", str(a), "--resume",
                              "--out", str(tmp_path / "m")], capture_output=True, text=True)
     assert result.returncode == 2 and "--merge only reads earlier outputs" in result.stderr
+
+
+def test_markdown_shows_kv_cache_rows_in_microseconds_and_bandwidth():
+    cells = {"tuned": Cell("tuned", "ok", 0.137, 15.7, 1e-3, "attn_decode_m16n64_w4s4_cband_x16", 3.92),
+             "cudnn": Cell("cudnn", "ok", 0.137, 15.7, 1e-3, "SDPA cudnn, dense K/V", 3.93),
+             "tutorial": Cell("tutorial", "unavailable", detail="Unavailable: forward kernels")}
+    key = "b1_hq32_hkv8_nq1_nk131072_d128_bfloat16_full_paged16"
+    rows = [Row(key, "bfloat16", cells)]
+    summary = {"environment": {"gpu": "G", "date": "d", "torch": "t", "triton": "x", "cuda": "c", "cudnn": 1,
+                               "fa_autotune": "f", "template_hash": "h"}, "preset": "serving",
+               "bf16_matmul_tflops": 1.0, "geomeans": geomeans(rows, ("tuned", "cudnn")),
+               "rows": [{"problem": key, "dtype": "bfloat16", "cells": {k: c.__dict__ for k, c in cells.items()}}]}
+    text = markdown(summary, ("tuned", "cudnn", "tutorial"))
+    assert f"| {key} | 137 us, 3.92 TB/s (1.00x) | 137 us, 3.93 TB/s (1.00x) | unavailable |" in text
+    assert "tuned: attn_decode_m16n64_w4s4_cband_x16" in text and "tutorial:" not in text.split("Configs used")[1]

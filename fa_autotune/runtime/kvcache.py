@@ -9,6 +9,7 @@ otherwise only to check them before any kernel runs. The config comes from the d
 """
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import threading
@@ -50,7 +51,7 @@ def attention_with_kvcache(
     num_splits: int = 0,
     return_softmax_lse: bool = False,
     *,
-    config: Mapping[str, Any] | KernelConfig | None = None,
+    config: Mapping[str, Any] | KernelConfig | str | None = None,
     check_lengths: bool | None = None,
 ):
     """Attention of ``q`` (batch, seqlen_q, heads_q, D) over a KV cache, flash-attn's
@@ -65,7 +66,8 @@ def attention_with_kvcache(
     sequence's keys over n programs. Returns out (batch, seqlen_q, heads_q, D), and with
     ``return_softmax_lse`` also the natural-log LSE (batch, heads_q, seqlen_q), fp32.
 
-    Extra (keyword-only): ``config`` runs that kernel variant; ``check_lengths`` (default:
+    Extra (keyword-only): ``config`` runs that kernel variant (a mapping, a KernelConfig, or
+    its JSON text; under torch.compile only the text); ``check_lengths`` (default:
     unless a CUDA graph is being captured) reads the lengths and block table back to refuse
     out-of-range values before any kernel runs. flash-attn options this kernel does not
     implement (rotary, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
@@ -73,6 +75,17 @@ def attention_with_kvcache(
     """
     _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
     _refuse_grad(q, k_cache, v_cache, k, v)
+    if torch.compiler.is_compiling():  # one opaque op for torch.compile (the cache mutates in place)
+        if config is not None and not isinstance(config, str):
+            raise InputError("under torch.compile, config= takes a JSON string (KernelConfig.canonical_json()) or "
+                             "None; a mapping cannot be traced")
+        text = config
+        tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+        int_length = -1 if cache_seqlens is None or tensor_lengths is not None else int(cache_seqlens)
+        out, lse = torch.ops.fa_autotune.attention_with_kvcache(
+            q, k_cache, v_cache, k, v, tensor_lengths, int_length, block_table, softmax_scale, causal, num_splits,
+            return_softmax_lse, text)
+        return (out, lse) if return_softmax_lse else out
     problem, capacity = _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal)
     n_new = 0 if k is None else k.shape[1]
     seqlen = _check_seqlens(cache_seqlens, q, n_new, capacity)
@@ -250,7 +263,9 @@ def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capaci
 def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= MAX_SPLITS:
         raise InputError(f"num_splits must be 0 (tuned) or 1..{MAX_SPLITS}, got {num_splits!r}")
-    if config is not None:
+    if isinstance(config, str):
+        chosen = KernelConfig.from_mapping(json.loads(config))
+    elif config is not None:
         chosen = KernelConfig.from_mapping(config)
     else:
         chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
@@ -262,3 +277,26 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
     if num_splits:
         chosen = chosen.with_(num_splits=int(num_splits))
     return chosen
+
+
+# ------------------------------------------------------------------ torch.compile
+@torch.library.custom_op("fa_autotune::attention_with_kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, int_length: int,
+                block_table: torch.Tensor | None, softmax_scale: float | None, causal: bool, num_splits: int,
+                return_lse: bool, config: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """attention_with_kvcache as one op (lengths checked only outside CUDA-graph capture)."""
+    lengths = cache_seqlens if cache_seqlens is not None else (None if int_length < 0 else int_length)
+    result = attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, block_table=block_table,
+                                    softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
+                                    return_softmax_lse=return_lse, config=config)
+    if return_lse:
+        return result
+    return result, result.new_empty((0,), dtype=torch.float32)
+
+
+@_kvcache_op.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, int_length, block_table, softmax_scale, causal, num_splits,
+      return_lse, config):
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)

@@ -213,3 +213,25 @@ def test_gpu_cuda_graph_replays_with_changing_lengths(page):
         graph.replay()
         torch.cuda.synchronize()
         check(out, None, q, k_cache, v_cache, table, [n + 1 for n in lengths], False)
+
+
+def test_traced_by_torch_compile_as_one_op(device):
+    """Under torch.compile (fullgraph: no breaks) the call is one custom op that appends to
+    the cache in place and gives what the eager call gives."""
+    k_cache, v_cache, table = make_cache(2, 32, 2, 32, page=16, device=device)
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device)
+    k_new = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
+    v_new = torch.randn_like(k_new)
+    seqlens = torch.tensor([5, 30], dtype=torch.int32, device=device)
+    want_k = appended(k_cache, table, k_new, [5, 30])
+
+    text = fa_autotune.KernelConfig.from_mapping(DECODE).canonical_json()
+
+    def step(q, k_cache, v_cache, k_new, v_new, seqlens, table):
+        return fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                                  block_table=table, return_softmax_lse=True, config=text)
+
+    out, lse = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k_cache, v_cache, k_new, v_new, seqlens,
+                                                                          table)
+    assert torch.equal(k_cache, want_k)
+    check(out, lse, q, k_cache, v_cache, table, [6, 31], False)

@@ -1,0 +1,92 @@
+"""Variable-length prefill on the GPU: attention_varlen on packed sequences of mixed lengths
+against (a) dense attention() on equal-length batches of about the same work (TFLOPS ratio)
+and (b) attention() on the batch padded to the longest sequence (time ratio).
+
+Usage: python3 benchmarks/varlen_bench.py --out DIR   (writes varlen_bench.json / .md)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+import fa_autotune
+from fa_autotune.tune.measure import time_callable
+
+HQ, HKV, D = 32, 8, 128
+
+
+def flops(lengths, causal: bool) -> float:
+    total = sum(4.0 * HQ * n * n * D for n in lengths)
+    return total / 2 if causal else total
+
+
+def dense_ms(batch: int, n: int, causal: bool) -> float:
+    """Time of attention() (dispatched) on a dense (batch, H, n, D) problem."""
+    q = torch.randn(batch, HQ, n, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, HKV, n, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    call = lambda: fa_autotune.attention(q, k, v, causal=causal)  # noqa: E731
+    call()
+    return time_callable(call).median_ms
+
+
+def main(out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    cases = {"16 seqs 256-4096": torch.randint(256, 4097, (16,), generator=gen).tolist(),
+             "64 seqs 64-2048": torch.randint(64, 2049, (64,), generator=gen).tolist(),
+             "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
+    rows = []
+    for name, lengths in cases.items():
+        for causal in (True, False):
+            total, longest = sum(lengths), max(lengths)
+            q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+            varlen = lambda: fa_autotune.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)  # noqa: E731
+            varlen()
+            t_varlen = time_callable(varlen).median_ms
+            # Dense at the mean length, as many sequences as give the same tokens; and padded.
+            mean = int(round(total / len(lengths) / 64) * 64)
+            t_dense = dense_ms(len(lengths), mean, causal)
+            t_padded = dense_ms(len(lengths), longest, causal)
+            tf_varlen = flops(lengths, causal) / t_varlen / 1e9
+            tf_dense = flops([mean] * len(lengths), causal) / t_dense / 1e9
+            row = {"case": name, "causal": causal, "lengths": lengths, "varlen_ms": t_varlen, "varlen_tflops": tf_varlen,
+                   "dense_mean_len": mean, "dense_ms": t_dense, "dense_tflops": tf_dense, "padded_ms": t_padded,
+                   "varlen_vs_dense_tflops": tf_varlen / tf_dense, "padded_over_varlen_time": t_padded / t_varlen}
+            rows.append(row)
+            print(f"{name} causal={causal}: varlen {t_varlen:.3f} ms {tf_varlen:.0f} TFLOPS; dense(N={mean}) "
+                  f"{tf_dense:.0f} TFLOPS -> {row['varlen_vs_dense_tflops']:.3f}; padded to {longest} "
+                  f"{t_padded:.3f} ms ({row['padded_over_varlen_time']:.2f}x the varlen time)", flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "heads_q": HQ, "heads_kv": HKV, "head_dim": D, "dtype": "bfloat16"}
+    (out_dir / "varlen_bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# Variable-length prefill on {meta['gpu']} ({meta['date']})", "",
+             f"torch {meta['torch']}, triton {meta['triton']}; bf16, H_q {HQ}, H_kv {HKV}, D {D}; "
+             "`python3 benchmarks/varlen_bench.py --out DIR`. attention_varlen on packed sequences vs dense "
+             "attention() (dispatched, tuned file) on equal-length batches at the mean length (TFLOPS ratio, same "
+             "FLOP count convention) and on the batch padded to the longest sequence (time ratio).", "",
+             "| case | causal | varlen ms | varlen TFLOPS | dense TFLOPS (N=mean) | varlen / dense | padded ms | padded / varlen |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['causal']} | {r['varlen_ms']:.3f} | {r['varlen_tflops']:.0f} | "
+                     f"{r['dense_tflops']:.0f} (N={r['dense_mean_len']}) | {r['varlen_vs_dense_tflops']:.3f} | "
+                     f"{r['padded_ms']:.3f} | {r['padded_over_varlen_time']:.2f} |")
+    (out_dir / "varlen_bench.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    main(Path(parser.parse_args().out))

@@ -1,0 +1,1 @@
+"""Hooks into other libraries (optional dependencies, imported only when used)."""
