@@ -39,7 +39,7 @@ def main() -> None:
     rows = []
     for batch, n in TABLE:
         q, kc, vc, lens = table_inputs(batch, n)
-        gb = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", decode=True).kv_bytes / 1e9
+        gb = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode").kv_bytes / 1e9
         row = {"batch": batch, "context": n, "kv_gb": gb,
                "cudnn_ms": run_sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc),
                "flash_ms": run_sdpa(SDPBackend.FLASH_ATTENTION, q, kc, vc)}
@@ -55,7 +55,7 @@ def main() -> None:
                 return attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table,
                                               check_lengths=False)
             out = call()
-            problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", decode=True, page_size=page)
+            problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode", page_size=page)
             choice = DISPATCHER.choose(problem, "cuda", 0)
             name = f"paged{page}" if page else "contiguous"
             row[name] = {"ms": time_callable(call).median_ms, "graph_ms": graph_ms(call), "config": choice.config.name,

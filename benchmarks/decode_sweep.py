@@ -121,7 +121,7 @@ def main() -> None:
     rows = []
     for batch, n in TABLE:
         q, kc, vc, lens = table_inputs(batch, n)
-        problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", decode=True)
+        problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode")
         gb = problem.kv_bytes / 1e9
         row = {"batch": batch, "context": n, "kv_gb": gb}
         row["cudnn_ms"] = run_sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc)
@@ -143,7 +143,7 @@ def main() -> None:
                    best_ms=ok[best_name]["ms"], sweep=sweep)
         for page in (16, 128):
             kp, vp, bt = paged(kc, vc, page)
-            paged_problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", decode=True, page_size=page)
+            paged_problem = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode", page_size=page)
             paged_default = decode_default(paged_problem, (9, 0), sms)
             paged_configs = [paged_default, best] + [
                 KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=bn, num_warps=w, num_stages=st,

@@ -49,9 +49,10 @@ def add_problem_flags(parser: argparse.ArgumentParser, required: bool = False) -
                        help="KV-cache problems (--space decode): rows per cache page; 0 = a contiguous cache")
 
 
-def problem_from_args(args: argparse.Namespace, decode: bool = False):
-    """The problem the flags describe; ``decode``: a KV-cache problem (seqlen new tokens
-    against seqlen_k cached keys, causal aligned bottom-right)."""
+def problem_from_args(args: argparse.Namespace, kind: str = "fwd"):
+    """The problem the flags describe, of ``kind``: "decode" is a KV-cache problem (seqlen new
+    tokens against seqlen_k cached keys, causal aligned bottom-right)."""
+    decode = kind == "decode"
     page_size = getattr(args, "page_size", 0)
     if page_size and not decode:
         raise SearchSpaceError("--page-size describes a KV cache: use it with --space decode")
@@ -59,7 +60,7 @@ def problem_from_args(args: argparse.Namespace, decode: bool = False):
         batch=args.batch, heads_q=args.heads, heads_kv=args.kv_heads or args.heads, seqlen_q=args.seqlen,
         seqlen_k=args.seqlen_k if args.seqlen_k is not None else args.seqlen, head_dim=args.head_dim,
         dtype=args.dtype, causal=args.causal, causal_align="bottom_right" if decode else args.causal_align,
-        decode=decode, page_size=page_size,
+        kind=kind, page_size=page_size,
     )
 
 
@@ -99,7 +100,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     cap = tuple(int(x) for x in args.arch.split("."))
     config = config_from_args(args)
-    problem = problem_from_args(args, decode=config.loop_order == "decode")
+    problem = problem_from_args(args, kind={"decode": "decode", "backward": "bwd"}.get(config.loop_order, "fwd"))
     (result,) = compile_many([config], problem, capability=cap, jobs=1)
     report = {"variant": result.config.name, "status": result.status, "seconds": round(result.seconds, 2),
               "error": result.error,
@@ -143,7 +144,7 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     if args.seqlen is not None:
         if args.preset:
             raise SearchSpaceError("give either --preset or a problem (--seqlen ...), not both")
-        return [problem_from_args(args, decode=space.name == "attn_decode")]
+        return [problem_from_args(args, kind=space.kind)]
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
         raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")
@@ -328,7 +329,7 @@ def _bench(args: argparse.Namespace) -> int:
         raise FaAutotuneError("bench compares GPU kernels and needs a CUDA GPU (the interpreter's timings mean nothing)")
     space = load_space(args.space)
     if args.seqlen is not None:
-        problems, name = [problem_from_args(args, decode=space.name == "attn_decode")], "one problem"
+        problems, name = [problem_from_args(args, kind=space.kind)], "one problem"
     else:
         if args.preset not in space.presets:
             raise FaAutotuneError(f"unknown preset {args.preset!r}; available: {', '.join(sorted(space.presets))}")

@@ -320,7 +320,7 @@ def test_decode_tune_export_and_serve(env, db_url, tmp_path):
     assert data["family"] == "attn_decode" and entry["problem"]["page_size"] == 16
     script = ("import torch, fa_autotune\n"
               "from fa_autotune.runtime.dispatch import DISPATCHER\n"
-              "p = fa_autotune.Problem(2, 4, 2, 1, 48, 32, 'float16', decode=True, page_size=16)\n"
+              "p = fa_autotune.Problem(2, 4, 2, 1, 48, 32, 'float16', kind='decode', page_size=16)\n"
               "print(DISPATCHER.choose(p, 'cpu', 0).source)\n")
     served = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             env=dict(env, FA_AUTOTUNE_CONFIG_DIR=str(tmp_path / "files"), TRITON_INTERPRET="1",

@@ -36,7 +36,7 @@ from ..processes import compiler_init
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import interpreter_active
-from .launcher import DecodePlan, Launch, prepare, resolve_scale
+from .launcher import BackwardPlan, DecodePlan, Launch, prepare, resolve_scale
 
 HOPPER = (9, 0)
 # Largest dynamic shared memory one block may use, per compute capability (bytes).
@@ -169,6 +169,14 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     start = time.perf_counter()
     if problem.decode:
         launches = decode_example(config, problem, "meta").arguments()
+    elif config.loop_order == "backward":
+        q, k, v, out, _ = example_inputs(config, problem, "meta")
+        lse = torch.empty(q.shape[:3], device="meta", dtype=torch.float32)
+        plan = BackwardPlan(config, q, k, v, out, out, q, k, v, resolve_scale(None, problem.head_dim),
+                            problem.causal_offset, problem.causal)
+        launches = [(launch, args + launch.fixed)
+                    for launch, args in plan.calls(q, k, v, out, out, lse, torch.empty_like(q), torch.empty_like(k),
+                                                   torch.empty_like(v))]
     else:
         q, k, v, out, scales = example_inputs(config, problem, "meta")
         plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,

@@ -337,6 +337,53 @@ class DecodePlan:
                                                out, lse)]
 
 
+# ------------------------------------------------------------------ backward
+_BWD_PRE = ("Out", "DOut", "Delta")
+_BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV")
+_BWD_DQ = ("Q", "K", "V", "DOut", "Lse", "Delta", "DQ")
+
+
+class BackwardPlan:
+    """Launch plan of a ``loop_order='backward'`` config for one layout of q, k, v (B, H, N, D)
+    and their gradients: delta = rowsum(dO * O), then dK/dV (K/V tiles outer, GQA groups
+    summed in registers), then dQ (Q tiles outer). Every gradient is written once."""
+
+    __slots__ = ("pre", "dkdv", "dq", "rows")
+
+    def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
+                 causal_offset: int, is_causal: bool) -> None:
+        if config.loop_order != "backward":
+            raise ConfigError("loop_order", f"{config.name} is not a backward kernel; use loop_order='backward'")
+        module = load_module(config)
+        batch, heads, n_q, head_dim = q.shape
+        heads_kv, n_k = k.shape[1], k.shape[2]
+        scalars: dict[str, Any] = {"H": heads, "HKV": heads_kv, "GROUP": heads // heads_kv, "N_Q": n_q, "N_K": n_k,
+                                   "causal_offset": causal_offset, "qk_scale": sm_scale * LOG2E, "sm_scale": sm_scale}
+        for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
+        flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": max(16, triton.next_power_of_2(head_dim)),
+                 "IS_CAUSAL": is_causal, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if config.maxnreg:
+            options["maxnreg"] = config.maxnreg
+        q_tiles = triton.cdiv(n_q, config.BLOCK_M)
+        self.pre = Launch(module.KERNELS["preprocess"], (q_tiles, batch * heads), _BWD_PRE, scalars, flags,
+                          {"num_warps": 4})
+        self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv), _BWD_DKDV,
+                           scalars, flags, options)
+        self.dq = Launch(module.KERNELS["dq"], (q_tiles, batch * heads), _BWD_DQ, scalars, flags, options)
+        self.rows = batch * heads * n_q
+
+    def calls(self, q, k, v, out, dout, lse, dq, dk, dv) -> list[tuple[Launch, tuple]]:
+        delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
+        return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv)),
+                (self.dq, (q, k, v, dout, lse, delta, dq))]
+
+    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False) -> list:
+        return [launch(*args, warmup=warmup) for launch, args in self.calls(q, k, v, out, dout, lse, dq, dk, dv)]
+
+
 # ------------------------------------------------------------------ TMA scratch
 def _alloc_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, device="cuda", dtype=torch.int8)

@@ -32,6 +32,7 @@ TEMPLATES = {
     "kv_outer": "attn_fwd_kv_outer.py.jinja",
     "split_kv": "attn_fwd_split_kv.py.jinja",
     "decode": "attn_decode.py.jinja",  # KV-cache attention (attention_with_kvcache)
+    "backward": "attn_bwd.py.jinja",  # dQ, dK, dV (attention()'s autograd)
 }
 GLUON_TEMPLATE = "attn_fwd_gluon.py.jinja"  # language="gluon": FlashAttention-3's schedule (Hopper)
 

@@ -20,10 +20,10 @@ import torch
 from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import check_config, check_fp8_scales, check_offsets, per_block, tma_compatible
-from ..kernels.launcher import (Prepared, allocate_outputs, check_interpretable, prepare, resolve_scale, run,
-                                run_varlen, varlen_config)
+from ..kernels.launcher import (BackwardPlan, Prepared, allocate_outputs, check_interpretable,
+                                explain_launch_failure, prepare, resolve_scale, run, run_varlen, varlen_config)
 from ..spec.config import KernelConfig
-from ..spec.defaults import default_for, defaults_for
+from ..spec.defaults import backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
 
@@ -63,7 +63,8 @@ def attention(
     results for this GPU, else a built-in default). CPU tensors run in Triton's
     interpreter (slow; for tests).
     """
-    _refuse_grad(q, k, v)
+    if _wants_grad(q, k, v):
+        return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse)
     if torch.compiler.is_compiling():
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
     if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
@@ -81,14 +82,82 @@ def attention(
     return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
 
 
-def _refuse_grad(q, k, v, *more) -> None:
-    """There is no backward yet: an output without grad_fn would silently cut the graph.
-    On attention()'s hot path: three attribute reads, grad mode only when one is set."""
-    wanted = (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-              or getattr(v, "requires_grad", False) or (more and any(t.requires_grad for t in more)))
-    if wanted and torch.is_grad_enabled():
-        raise InputError("inputs require grad, but fa_autotune has no attention backward yet: call it under "
+def _wants_grad(q, k, v) -> bool:
+    """Whether autograd must see this call. On attention()'s hot path: three attribute
+    reads, grad mode only when one is set."""
+    wanted = getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False) or getattr(
+        v, "requires_grad", False)
+    return bool(wanted) and torch.is_grad_enabled()
+
+
+def _refuse_grad(*tensors) -> None:
+    """For entry points without a backward (FP8): an output without grad_fn would silently
+    cut the graph."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+        raise InputError("inputs require grad, but this fa_autotune entry point has no backward: call it under "
                          "torch.no_grad() / torch.inference_mode(), or pass detached tensors")
+
+
+class _Attention(torch.autograd.Function):
+    """attention() with a backward: the forward keeps the output and the log-sum-exp, the
+    backward runs the backward kernels (dQ, dK, dV)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, config, causal_align):
+        out, lse = attention(q, k, v, causal, scale, config, causal_align=causal_align, return_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (causal, scale, causal_align)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options)
+        return dq, dk, dv, None, None, None, None
+
+
+def _backward_config(problem: Problem, q) -> KernelConfig:
+    """The dispatcher's backward config for ``problem`` (kind "bwd"); the built-in one when
+    what it finds is not a backward kernel."""
+    chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+    if chosen.loop_order != "backward":
+        chosen = backward_default(problem, gpu_of(q.device.type, q.device.index or 0).capability_tuple)
+    return chosen
+
+
+def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse):
+    if torch.compiler.is_compiling():  # the custom op, with its registered autograd
+        out, lse = _through_custom_op(q, k, v, causal, scale, config, causal_align, True)
+    else:
+        _plain_problem(q, k, v, causal, causal_align)  # bad input raises here, before autograd sees it
+        out, lse = _Attention.apply(q, k, v, causal, scale, config, causal_align)
+    return (out, lse) if return_lse else out
+
+
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       dout: torch.Tensor, causal: bool = False, scale: float | None = None,
+                       causal_align: str = "top_left"):
+    """(dq, dk, dv) of attention(q, k, v, causal, scale, causal_align=...) given its output,
+    its log-sum-exp and the output's gradient (any strides)."""
+    problem = _plain_problem(q, k, v, causal, causal_align)
+    if dout.shape != out.shape:
+        raise InputError(f"the output gradient has shape {tuple(dout.shape)}, the output {tuple(out.shape)}")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if problem.is_empty:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    check_interpretable(q)
+    config = _backward_config(problem.with_kind("bwd"), q)
+    plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
+                        problem.causal_offset, problem.causal)
+    try:
+        plan(q, k, v, out, dout, lse, dq, dk, dv)
+    except Exception as exc:
+        failure = explain_launch_failure(config, exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    return dq, dk, dv
 
 
 def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
@@ -411,6 +480,17 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     """What ``attention(q, k, v, causal)`` would run, and why (never launches or tunes)."""
     problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
     choice = _dispatched(problem, q, k, v)
+    info = _choice_info(problem, choice)
+    if not problem.is_fp8:  # what loss.backward() would run
+        bwd = problem.with_kind("bwd")
+        found = DISPATCHER.choose(bwd, q.device.type, q.device.index or 0)
+        config = _backward_config(bwd, q)
+        info["backward"] = _choice_info(bwd, found if found.config == config else
+                                        Choice(config, "default", None, math.inf, "built-in"))
+    return info
+
+
+def _choice_info(problem: Problem, choice: Choice) -> dict[str, Any]:
     return {
         "source": choice.source,
         "config": choice.config.to_dict(),
@@ -446,3 +526,30 @@ def _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
         text = KernelConfig.from_mapping(config).canonical_json()
     out, lse = torch.ops.fa_autotune.attention(q, k, v, causal, scale, causal_align, text, return_lse)
     return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("fa_autotune::attention_backward", mutates_args=())
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                           dout: torch.Tensor, causal: bool, scale: float | None,
+                           causal_align: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align)
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, out, lse, dout, causal, scale, causal_align):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_backward(ctx, inputs, output) -> None:
+    q, k, v, causal, scale, causal_align, _config, _return_lse = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.options = (causal, scale, causal_align)
+
+
+def _op_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fa_autotune.attention_backward(q, k, v, out, lse, dout, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("fa_autotune::attention", _op_backward, setup_context=_setup_backward)

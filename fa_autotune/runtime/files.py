@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 SCHEMA = "fa_autotune.tuned_configs"
 SCHEMA_VERSION = 1
 FAMILY = "attn_fwd"
-# Kernel families, one file each: forward attention, and KV-cache attention (decode).
-FAMILIES = (FAMILY, "attn_decode")
+# Kernel families, one file each: forward attention, KV-cache attention (decode), backward.
+FAMILIES = (FAMILY, "attn_decode", "attn_bwd")
 
 
 def file_name(gpu: GpuInfo, family: str = FAMILY, qualified: bool = False) -> str:

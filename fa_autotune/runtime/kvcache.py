@@ -209,7 +209,7 @@ def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> t
     check_runnable(q)
     problem = Problem(batch, heads_q, heads_kv, n_q, max(0, min(seqlen_k, capacity)), head_dim,
                       str(q.dtype).removeprefix("torch."), causal, "bottom_right" if causal else "top_left",
-                      decode=True, page_size=page_size)
+                      kind="decode", page_size=page_size)
     return problem, capacity
 
 

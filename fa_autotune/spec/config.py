@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 
-LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv", "decode")
+LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv", "decode", "backward")
 CAUSAL_MODES = ("masked", "split")
 ACCESS_MODES = ("pointer", "block_ptr", "tensor_desc")
 POW2_BLOCKS = (16, 32, 64, 128, 256)
@@ -132,6 +132,9 @@ class KernelConfig:
             return self._gluon_name()
         if self.loop_order == "decode":
             return self._decode_name()
+        if self.loop_order == "backward":
+            return f"attn_bwd_m{self.BLOCK_M}n{self.BLOCK_N}_w{self.num_warps}s{self.num_stages}_" + (
+                "cband" if self.causal_mode == "split" else "cmask")
         loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
         access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
         parts = [
@@ -222,7 +225,7 @@ def _validate(cfg: KernelConfig) -> None:
         raise ConfigError("q_tiles", "loop_order='q_outer' interleaves at most 2 Q tiles per program")
     if cfg.q_tiles != 1 and cfg.loop_order in ("split_kv", "decode"):
         raise ConfigError("q_tiles", f"loop_order={cfg.loop_order!r} owns one Q tile per program; use 1")
-    if cfg.loop_order == "decode":
+    if cfg.loop_order in ("decode", "backward"):
         _validate_decode(cfg)
     _validate_structure(cfg)
     _validate_language(cfg)
@@ -238,14 +241,18 @@ def _validate(cfg: KernelConfig) -> None:
 
 def _validate_decode(cfg: KernelConfig) -> None:
     """The KV-cache kernel gathers cache rows through pointers (pages need per-row
-    addresses) and forms its M tile from a KV group's query rows, at least 16 for the dot."""
+    addresses) and forms its M tile from a KV group's query rows, at least 16 for the dot;
+    the backward kernels read through pointers too (for now)."""
+    what = {"decode": "reads the cache through pointers (pages are gathered row by row)",
+            "backward": "reads its tiles through pointers"}[cfg.loop_order]
     if cfg.access != "pointer":
-        raise ConfigError("access", "loop_order='decode' reads the cache through pointers (pages are gathered "
-                          "row by row); use access='pointer'")
+        raise ConfigError("access", f"loop_order={cfg.loop_order!r} {what}; use access='pointer'")
     if cfg.BLOCK_M > 128:
-        raise ConfigError("BLOCK_M", f"loop_order='decode' tiles at most 128 query rows, got {cfg.BLOCK_M}")
+        raise ConfigError("BLOCK_M", f"loop_order={cfg.loop_order!r} tiles at most 128 query rows, got {cfg.BLOCK_M}")
     if cfg.language != "triton":
-        raise ConfigError("language", "loop_order='decode' is a Triton kernel; use language='triton'")
+        raise ConfigError("language", f"loop_order={cfg.loop_order!r} is a Triton kernel; use language='triton'")
+    if cfg.loop_order == "backward" and cfg.num_splits != 1:
+        raise ConfigError("num_splits", "loop_order='backward' does not split K/V; use 1")
 
 
 def _validate_structure(cfg: KernelConfig) -> None:

@@ -29,6 +29,8 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     the Gluon kernel cannot read)."""
     if problem.decode:
         return decode_default(problem, capability, sm_count)
+    if problem.backward:
+        return backward_default(problem, capability)
     d = problem.head_dim_pad
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
@@ -90,6 +92,16 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
         if config not in out:
             out.append(config)
     return out
+
+
+def backward_default(problem: Problem, capability: tuple[int, int] | None = None) -> KernelConfig:
+    """The backward kernels' tiles: 64 x 64 with 4 warps (dK and dV accumulators of 64 rows
+    stay in registers up to D=128), 32-row tiles past D=128; 16 x 16 in the interpreter.
+    Not tuned yet."""
+    if capability is None:
+        return KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    block = 64 if problem.head_dim_pad <= 128 else 32
+    return KernelConfig(loop_order="backward", BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2)
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:

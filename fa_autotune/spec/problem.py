@@ -20,6 +20,10 @@ DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32
                  "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
                  "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2"}
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
+# What a problem is, each a kernel family of its own: forward attention, attention over a
+# KV cache (attention_with_kvcache), the backward pass (dQ, dK, dV).
+KINDS = ("fwd", "decode", "bwd")
+FAMILIES = {"fwd": "attn_fwd", "decode": "attn_decode", "bwd": "attn_bwd"}
 MAX_DIM = 2**31 - 1  # sizes and lengths the kernels index with 32-bit program ids
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 256
@@ -58,9 +62,10 @@ class Problem:
     dtype: str
     causal: bool = False
     causal_align: str = "top_left"
-    # KV-cache attention (attention_with_kvcache): seqlen_q new query tokens per sequence
-    # against seqlen_k cached keys, the cache contiguous (page_size 0) or paged.
-    decode: bool = False
+    # "decode": KV-cache attention (attention_with_kvcache), seqlen_q new query tokens per
+    # sequence against seqlen_k cached keys, the cache contiguous (page_size 0) or paged.
+    # "bwd": the backward pass of the forward problem with these shapes.
+    kind: str = "fwd"
     page_size: int = 0
 
     def __post_init__(self) -> None:
@@ -79,12 +84,12 @@ class Problem:
             raise InputError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv}) for GQA/MQA"
             )
-        if not isinstance(self.decode, bool):
-            raise InputError(f"decode must be true or false, got {self.decode!r}")
+        if self.kind not in KINDS:
+            raise InputError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if isinstance(self.page_size, bool) or not isinstance(self.page_size, int) or not 0 <= self.page_size <= MAX_DIM:
             raise InputError(f"page_size must be an integer in 0..{MAX_DIM}, got {self.page_size!r}")
         if self.page_size and not self.decode:
-            raise InputError("page_size describes a KV cache: it needs decode=true")
+            raise InputError("page_size describes a KV cache: it needs kind='decode'")
         if not MIN_HEAD_DIM <= self.head_dim <= MAX_HEAD_DIM:
             raise InputError(
                 f"head_dim {self.head_dim} is not supported; fa_autotune kernels take {MIN_HEAD_DIM}..{MAX_HEAD_DIM}"
@@ -97,9 +102,17 @@ class Problem:
         return 0 in (self.batch, self.heads_q, self.seqlen_q, self.seqlen_k)
 
     @property
+    def decode(self) -> bool:
+        return self.kind == "decode"
+
+    @property
+    def backward(self) -> bool:
+        return self.kind == "bwd"
+
+    @property
     def family(self) -> str:
         """The kernel family that serves it, and the exported file it is stored in."""
-        return "attn_decode" if self.decode else "attn_fwd"
+        return FAMILIES[self.kind]
 
     @property
     def kv_bytes(self) -> int:
@@ -129,9 +142,11 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """Forward FLOPs, counted as FlashAttention does: 4·B·H·Nq·Nk·D, halved when causal."""
+        """FLOPs counted as FlashAttention does: forward 4·B·H·Nq·Nk·D, halved when causal; the
+        backward 2.5 times that (five matmuls to the forward's two)."""
         total = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
-        return total / 2 if self.causal else total
+        total = total / 2 if self.causal else total
+        return 2.5 * total if self.backward else total
 
     def tflops(self, ms: float) -> float:
         """Throughput of one forward pass taking ``ms`` milliseconds."""
@@ -145,12 +160,17 @@ class Problem:
     def with_dtype(self, dtype: str) -> "Problem":
         return replace(self, dtype=dtype)
 
+    def with_kind(self, kind: str) -> "Problem":
+        return replace(self, kind=kind)
+
     def to_dict(self) -> dict[str, Any]:
-        """The fields, the KV-cache ones only for KV-cache problems (so forward problems
-        read and write as they did before those existed)."""
+        """The fields; kind and page_size only where they differ from a forward problem's (so
+        forward problems read and write as they did before those existed)."""
         data = asdict(self)
-        if not self.decode:
-            del data["decode"], data["page_size"]
+        if self.kind == "fwd":
+            del data["kind"]
+        if not self.page_size:
+            del data["page_size"]
         return data
 
     @property
@@ -161,6 +181,8 @@ class Problem:
                f"_d{self.head_dim}_{self.dtype}_{causal}")
         if self.decode:
             key += f"_paged{self.page_size}" if self.page_size else "_kvcache"
+        elif self.backward:
+            key += "_bwd"
         return key
 
 
@@ -238,15 +260,15 @@ def distance(a: Problem, b: Problem) -> float:
     """How far tuned problem ``b`` is from ``a``, for borrowing ``b``'s config.
 
     Infinite unless dtype, head dim, causal masking (and its alignment), the GQA group and
-    the kernel family (and, for KV caches, paged or not) match: those change which kernels
+    the kind (and, for KV caches, paged or not) match: those change which kernels
     are valid or how they behave. Otherwise ``|log2(Nq_a/Nq_b)| + |log2(Nk_a/Nk_b)| + 0.5 *
     |log2(BH_a/BH_b)|`` with BH = batch * heads_q: sequence lengths decide tile shapes and
     loop trip counts, batch * heads only how many programs fill the GPU, so it weighs half;
     paged caches add half the page sizes' log ratio. Decode shapes change every step, so a
     tuned decode problem serves as the bucket of the shapes nearest it.
     """
-    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group, a.decode, a.page_size == 0) != (
-        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group, b.decode, b.page_size == 0
+    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group, a.kind, a.page_size == 0) != (
+        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group, b.kind, b.page_size == 0
     ):
         return math.inf
 

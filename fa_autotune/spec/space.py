@@ -26,8 +26,8 @@ PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig))
 ARCH_KEYS = ("sm90", "sm80", "interpreter")
 _PRESET_KEYS = {"batch", "heads", "kv_heads", "seqlen", "seqlen_k", "head_dim", "dtype", "causal", "causal_align",
                 "hidden", "tokens", "page_size"}
-# Kernel families a search space can describe; attn_decode problems are KV-cache attention.
-KERNELS = ("attn_fwd", "attn_decode")
+# Kernel families a search space can describe, and the kind of problem each serves.
+KERNELS = {"attn_fwd": "fwd", "attn_decode": "decode", "attn_bwd": "bwd"}
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -206,6 +206,11 @@ class SearchSpace:
     arch: Mapping[str, ArchOverride]
     resolved_for: str | None = None
 
+    @property
+    def kind(self) -> str:
+        """The kind of problem the space's kernels serve (fwd, decode, bwd)."""
+        return KERNELS.get(self.name, "fwd")
+
     def for_arch(self, arch: str) -> "SearchSpace":
         """The space as seen on ``arch`` ("sm90", "sm80" or "interpreter")."""
         if arch not in ARCH_KEYS:
@@ -333,9 +338,9 @@ def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
         )
     kernel = data.get("kernel", "attn_fwd")
     if kernel not in KERNELS:
-        raise SearchSpaceError(f"{loc.at('kernel')}: kernel must be one of {KERNELS}, got {kernel!r}")
-    decode = kernel == "attn_decode"
-    presets = {name: _parse_preset(name, body, loc, decode) for name, body in (data.get("presets") or {}).items()}
+        raise SearchSpaceError(f"{loc.at('kernel')}: kernel must be one of {tuple(KERNELS)}, got {kernel!r}")
+    presets = {name: _parse_preset(name, body, loc, KERNELS[kernel])
+               for name, body in (data.get("presets") or {}).items()}
     return SearchSpace(kernel, filename, params, constraints, presets, arch)
 
 
@@ -433,7 +438,7 @@ def _parse_constraints(raw: Any, loc: _Locator, path: tuple, names: tuple[str, .
 MAX_PRESET_PROBLEMS = 10_000  # a tune of more is a typo, and listing them would hang every command
 
 
-def _parse_preset(name: str, body: Any, loc: _Locator, decode: bool = False) -> Preset:
+def _parse_preset(name: str, body: Any, loc: _Locator, kind: str = "fwd") -> Preset:
     where = loc.at("presets", name)
     if not isinstance(body, dict) or not isinstance(body.get("problems"), list) or not body["problems"]:
         raise SearchSpaceError(f"{where}: expected 'problems', a non-empty list of problem entries")
@@ -453,7 +458,7 @@ def _parse_preset(name: str, body: Any, loc: _Locator, decode: bool = False) -> 
             raise SearchSpaceError(f"{entry_where}: the preset expands to more than {MAX_PRESET_PROBLEMS} problems")
         for combo in _expand(entry):
             try:
-                problem = _problem_from_entry(combo, decode)
+                problem = _problem_from_entry(combo, kind)
             except (InputError, TypeError, KeyError, ValueError, ZeroDivisionError) as exc:
                 raise SearchSpaceError(f"{entry_where}: {exc}") from None
             if problem not in seen:
@@ -469,7 +474,7 @@ def _expand(entry: dict) -> Iterator[dict]:
         yield dict(zip(keys, values))
 
 
-def _problem_from_entry(e: dict, decode: bool = False) -> Problem:
+def _problem_from_entry(e: dict, kind: str = "fwd") -> Problem:
     head_dim = e["head_dim"]
     heads = e["hidden"] // head_dim if "hidden" in e else e.get("heads")
     seqlen = e["seqlen"]
@@ -483,5 +488,5 @@ def _problem_from_entry(e: dict, decode: bool = False) -> Problem:
     return Problem(batch=batch, heads_q=heads, heads_kv=e.get("kv_heads", heads), seqlen_q=seqlen,
                    seqlen_k=e.get("seqlen_k", seqlen), head_dim=head_dim, dtype=e.get("dtype", "float16"),
                    causal=bool(e.get("causal", False)),
-                   causal_align=e.get("causal_align", "bottom_right" if decode else "top_left"),
-                   decode=decode, page_size=e.get("page_size", 0))
+                   causal_align=e.get("causal_align", "bottom_right" if kind == "decode" else "top_left"),
+                   kind=kind, page_size=e.get("page_size", 0))

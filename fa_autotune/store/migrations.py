@@ -21,10 +21,10 @@ def _add_pareto_table(conn: Connection) -> None:
 
 
 def _add_kv_cache_columns(conn: Connection) -> None:
-    """Version 3: problems may be KV-cache attention (decode), contiguous or paged."""
+    """Version 3: problems have a kind (forward, KV-cache decode, backward) and a page size."""
     columns = {c["name"] for c in inspect(conn).get_columns("fa_problems")}
-    if "decode" not in columns:
-        conn.execute(text("ALTER TABLE fa_problems ADD COLUMN decode BOOLEAN NOT NULL DEFAULT FALSE"))
+    if "kind" not in columns:
+        conn.execute(text("ALTER TABLE fa_problems ADD COLUMN kind VARCHAR(8) NOT NULL DEFAULT 'fwd'"))
     if "page_size" not in columns:
         conn.execute(text("ALTER TABLE fa_problems ADD COLUMN page_size INTEGER NOT NULL DEFAULT 0"))
 

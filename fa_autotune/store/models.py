@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import (
-    Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false,
+    Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -81,13 +81,13 @@ class ProblemModel(Base):
     dtype: Mapped[str] = mapped_column(String(16), nullable=False)
     causal: Mapped[bool] = mapped_column(Boolean, nullable=False)
     causal_align: Mapped[str] = mapped_column(String(16), nullable=False)
-    # Schema version 3: KV-cache problems (attention_with_kvcache).
-    decode: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+    # Schema version 3: KV-cache and backward problems.
+    kind: Mapped[str] = mapped_column(String(8), nullable=False, default="fwd", server_default="fwd")
     page_size: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
 
     def to_problem(self) -> Problem:
         return Problem(self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k, self.head_dim,
-                       self.dtype, self.causal, self.causal_align, bool(self.decode), self.page_size)
+                       self.dtype, self.causal, self.causal_align, self.kind, self.page_size)
 
 
 class ConfigModel(Base):

@@ -14,7 +14,7 @@ import torch
 from ..errors import ConfigError
 from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant, decode_example, example_inputs
 from ..kernels.checks import check_config, check_fp8_scales
-from ..kernels.launcher import prepare, resolve_scale
+from ..kernels.launcher import BackwardPlan, prepare, resolve_scale
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 
@@ -33,6 +33,13 @@ def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
             example = decode_example(config, problem, "cuda")
             q = example.args[0]
             kernels = example.plan(*example.args, warmup=True)
+        elif problem.backward:
+            q, k, v, out, _ = example_inputs(config, problem, "cuda")
+            lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+            plan = BackwardPlan(config, q, k, v, out, out, *grads, resolve_scale(None, problem.head_dim),
+                                problem.causal_offset, problem.causal)
+            kernels = plan(q, k, v, out, out, lse, *grads, warmup=True)
         else:
             q, k, v, out, scales = example_inputs(config, problem, "cuda")
             check_config(config, problem, q, k, v)

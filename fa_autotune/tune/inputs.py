@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..kernels.checks import check_config, check_fp8_scales
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from .reference import reference_attention
 
 FP8_OUTLIER_CHANNELS = 4
 FP8_OUTLIER_FACTOR = 20.0
@@ -61,6 +62,11 @@ class TrialInputs:
     # on the device as attention_with_kvcache reads them); ``reference`` is dense (B, H, N, D).
     lengths: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
+    # Backward problems: the output gradient, and the forward's output and log-sum-exp the
+    # backward kernels read (the float32 reference's, so a forward bug cannot hide there).
+    dout: torch.Tensor | None = None
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
 
     @classmethod
     def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
@@ -71,6 +77,10 @@ class TrialInputs:
                 raise ConfigError("loop_order", f"a KV-cache problem runs loop_order='decode' configs, not "
                                   f"{config.loop_order!r}")
             return cls.kv_cache(problem, device, seed)
+        if problem.backward != (config.loop_order == "backward"):
+            raise ConfigError("loop_order", "backward problems run loop_order='backward' configs, and only they do")
+        if problem.backward:
+            return cls.backward_inputs(problem, device, seed)
         if config.loop_order == "decode":
             raise ConfigError("loop_order", "loop_order='decode' runs KV-cache problems (attention_with_kvcache)")
         if not problem.is_fp8:
@@ -110,3 +120,13 @@ class TrialInputs:
             pages.append(paged)
         table = order.reshape(problem.batch, per).to(torch.int32)
         return cls(q_cache, pages[0], pages[1], None, (q, k, v), lengths, table)
+
+    @classmethod
+    def backward_inputs(cls, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
+        """q, k, v, an output gradient, and the forward's output and LSE in float32."""
+        if problem.is_fp8:
+            raise ConfigError("loop_order", "FP8 attention has no backward")
+        q, k, v = random_inputs(problem, device, seed)
+        out, lse = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        dout = torch.randn_like(q)
+        return cls(q, k, v, None, (q, k, v), dout=dout, out=out.to(q.dtype), lse=lse)

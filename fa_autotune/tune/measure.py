@@ -14,12 +14,12 @@ from typing import Callable
 
 import torch
 
-from ..kernels.launcher import (DecodePlan, allocate_outputs, check_interpretable, explain_launch_failure, prepare,
+from ..kernels.launcher import (BackwardPlan, DecodePlan, allocate_outputs, check_interpretable, explain_launch_failure, prepare,
                                 resolve_scale, run)
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .inputs import TrialInputs
-from .reference import ErrorReport, compare, reference_attention
+from .reference import ErrorReport, compare, compare_all, reference_attention, reference_gradients
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,13 @@ class Timing:
 def check_correct(config: KernelConfig, problem: Problem, inputs: TrialInputs) -> ErrorReport:
     """Run ``config`` once on ``inputs`` into a NaN-filled output; compare with float32
     attention on the same (for FP8: the unquantized) inputs."""
+    if problem.backward:
+        check_interpretable(inputs.q)
+        grads = tuple(torch.full_like(t, float("nan")) for t in (inputs.q, inputs.k, inputs.v))
+        _backward_plan(config, problem, inputs, grads)()
+        refs = reference_gradients(inputs.q, inputs.k, inputs.v, inputs.dout, causal=problem.causal,
+                                   causal_align=problem.causal_align)
+        return compare_all(grads, refs)
     out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     out.fill_(float("nan"))
     scale = resolve_scale(None, problem.head_dim)
@@ -46,21 +53,33 @@ def check_correct(config: KernelConfig, problem: Problem, inputs: TrialInputs) -
     return compare(out, ref)
 
 
-def _decode_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, out) -> Callable[[], object]:
-    """One KV-cache attention step of ``inputs`` (lengths read on the device), as a call."""
-    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, True, inputs.block_table,
-                      resolve_scale(None, problem.head_dim), problem.causal)
-    q, k, v, lengths, table = inputs.q, inputs.k, inputs.v, inputs.lengths, inputs.block_table
+def _backward_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, grads) -> Callable[[], object]:
+    """One backward pass of ``inputs`` into ``grads`` (dq, dk, dv), as a call."""
+    q, k, v, out, dout, lse = inputs.q, inputs.k, inputs.v, inputs.out, inputs.dout, inputs.lse
+    plan = BackwardPlan(config, q, k, v, out, dout, *grads, resolve_scale(None, problem.head_dim),
+                        problem.causal_offset, problem.causal)
+    return _explained(config, lambda: plan(q, k, v, out, dout, lse, *grads))
 
+
+def _explained(config: KernelConfig, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` with Triton's resource and compile failures as errors naming the variant."""
     def call():
         try:
-            return plan(q, k, v, None, None, lengths, table, 0, out, None)
+            return fn()
         except Exception as exc:
             failure = explain_launch_failure(config, exc)
             if failure is exc:
                 raise
             raise failure from exc
     return call
+
+
+def _decode_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, out) -> Callable[[], object]:
+    """One KV-cache attention step of ``inputs`` (lengths read on the device), as a call."""
+    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, True, inputs.block_table,
+                      resolve_scale(None, problem.head_dim), problem.causal)
+    q, k, v, lengths, table = inputs.q, inputs.k, inputs.v, inputs.lengths, inputs.block_table
+    return _explained(config, lambda: plan(q, k, v, None, None, lengths, table, 0, out, None))
 
 
 def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> Timing:
@@ -87,8 +106,11 @@ def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float
 def time_config(config: KernelConfig, problem: Problem, inputs: TrialInputs, rep_ms: float = 100) -> Timing:
     """Time ``config``'s prepared launch on ``inputs``, as ``attention()`` runs it after its
     first call: output preallocated, FP8 inputs quantized beforehand."""
-    out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     check_interpretable(inputs.q)
+    if problem.backward:
+        grads = tuple(torch.empty_like(t) for t in (inputs.q, inputs.k, inputs.v))
+        return time_callable(_backward_plan(config, problem, inputs, grads), rep_ms=rep_ms, device=inputs.q.device.type)
+    out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     if problem.decode:
         return time_callable(_decode_plan(config, problem, inputs, out), rep_ms=rep_ms, device=inputs.q.device.type)
     plan = prepare(config, inputs.q, inputs.k, inputs.v, out, None, resolve_scale(None, problem.head_dim),

@@ -224,11 +224,11 @@ print("wgmma" in compiled.asm["ptx"], compiled.metadata.shared)
 
 
 DECODE_CASES = [
-    (Problem(1, 32, 8, 1, 131072, 128, "bfloat16", decode=True), dict(num_splits=16, num_stages=4)),
-    (Problem(8, 32, 8, 1, 32768, 128, "bfloat16", decode=True, page_size=16), dict(num_splits=8, num_stages=2)),
-    (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", decode=True, page_size=128),
+    (Problem(1, 32, 8, 1, 131072, 128, "bfloat16", kind="decode"), dict(num_splits=16, num_stages=4)),
+    (Problem(8, 32, 8, 1, 32768, 128, "bfloat16", kind="decode", page_size=16), dict(num_splits=8, num_stages=2)),
+    (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", kind="decode", page_size=128),
      dict(BLOCK_M=32, num_splits=1, causal_mode="masked", num_stages=3)),
-    (Problem(2, 8, 8, 1, 1000, 80, "float16", decode=True), dict(BLOCK_N=32, num_splits=3, num_stages=5)),
+    (Problem(2, 8, 8, 1, 1000, 80, "float16", kind="decode"), dict(BLOCK_N=32, num_splits=3, num_stages=5)),
 ]
 
 
@@ -252,9 +252,27 @@ def test_decode_paged_kernel_pipelines_its_tile_loads():
     """The sm_90 PTX of a paged decode kernel issues its K/V tiles with cp.async (the page
     lookup does not turn the loads synchronous), and 7 stages need the shared memory of
     three K and V buffers in flight (3 x 2 x 64 x 128 x 2 bytes)."""
-    problem = Problem(1, 32, 8, 1, 65536, 128, "bfloat16", decode=True, page_size=16)
+    problem = Problem(1, 32, 8, 1, 65536, 128, "bfloat16", kind="decode", page_size=16)
     config = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=64, num_stages=7, num_splits=16)
     (result,) = compile_many([config], problem, jobs=1)
     main = next(k for k in result.kernels if k.kernel == config.name)
     assert dict(main.instructions)["cp.async.cg.shared.global"] >= 32
     assert main.shared_bytes >= 3 * 2 * 64 * 128 * 2
+
+
+@pytest.mark.parametrize("problem, changes", [
+    (Problem(2, 16, 4, 2048, 2048, 128, "bfloat16", causal=True), dict(BLOCK_M=64, BLOCK_N=64, num_stages=2)),
+    (Problem(1, 8, 8, 1000, 1500, 80, "float16", causal=True, causal_align="bottom_right"),
+     dict(BLOCK_M=32, BLOCK_N=64, causal_mode="masked", num_stages=3)),
+    (Problem(1, 8, 8, 512, 512, 256, "bfloat16"), dict(BLOCK_M=32, BLOCK_N=32, num_stages=2)),
+], ids=["d128-gqa-causal", "d80-bottom-right", "d256"])
+def test_backward_variants_compile_for_hopper(problem, changes):
+    """The three backward kernels compile for sm_90 and fit; 64 x 64 tiles use wgmma (a dot of
+    fewer than a warpgroup's 64 rows gets mma.sync)."""
+    config = KernelConfig(loop_order="backward", **changes)
+    (result,) = compile_many([config], problem, jobs=1)
+    assert result.status == "ok", result.error
+    assert {k.kernel for k in result.kernels} == {f"{config.name}_{part}" for part in ("preprocess", "dkdv", "dq")}
+    assert result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    if min(config.BLOCK_M, config.BLOCK_N) >= 64:
+        assert result.uses_wgmma

@@ -478,7 +478,7 @@ def test_foreign_or_corrupt_database_is_skipped_and_untouched(tmp_path, monkeypa
     assert path.read_bytes() == before and not (tmp_path / "other.sqlite-wal").exists()
 
 
-DECODE_P = Problem(2, 4, 2, 1, 64, 32, "float16", decode=True, page_size=16)
+DECODE_P = Problem(2, 4, 2, 1, 64, 32, "float16", kind="decode", page_size=16)
 DECODE_CFG = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=16, num_stages=1, num_splits=3)
 
 
@@ -495,10 +495,10 @@ def test_decode_winners_go_to_their_own_file_and_serve_nearby_shapes(tmp_path, i
     assert [p.name.split(".")[-2] for p in paths] == ["attn_fwd", "attn_decode"]
     fwd, dec = (files.load(p) for p in paths)
     assert [w.problem for w in fwd.winners] == [forward] and [w.problem for w in dec.winners] == [DECODE_P]
-    longer = Problem(3, 4, 2, 1, 200, 32, "float16", decode=True, page_size=128)
+    longer = Problem(3, 4, 2, 1, 200, 32, "float16", kind="decode", page_size=128)
     choice = dispatch.DISPATCHER.choose(longer, "cpu", 0)
     assert (choice.source, choice.config, choice.matched) == ("shipped", DECODE_CFG, DECODE_P)
-    contiguous = Problem(3, 4, 2, 1, 200, 32, "float16", decode=True)
+    contiguous = Problem(3, 4, 2, 1, 200, 32, "float16", kind="decode")
     assert dispatch.DISPATCHER.choose(contiguous, "cpu", 0).source == "default"  # paged buckets do not serve it
     assert dispatch.DISPATCHER.choose(Problem(1, 4, 2, 1, 64, 32, "float16"), "cpu", 0).config != DECODE_CFG
     # attention_with_kvcache runs the tuned config on the longer shape
@@ -526,6 +526,6 @@ def test_the_shipped_h200_decode_file_loads_and_serves(monkeypatch):
     assert tuned.gpu.name == "NVIDIA H200" and len(tuned.winners) == 18
     assert all(w.problem.decode and w.config.loop_order == "decode" for w in tuned.winners)
     monkeypatch.setattr(dispatch, "detect_gpu", lambda index: tuned.gpu)
-    near = Problem(2, 32, 8, 1, 100000, 128, "bfloat16", decode=True, page_size=32)
+    near = Problem(2, 32, 8, 1, 100000, 128, "bfloat16", kind="decode", page_size=32)
     choice = dispatch.DISPATCHER.choose(near, "cuda", 0)
     assert choice.source == "shipped" and choice.matched.page_size in (16, 128) and choice.config.loop_order == "decode"

@@ -90,7 +90,7 @@ def test_packed_equals_dense_when_lengths_are_equal():
     (lambda a: dict(a, k=a["k"][:, :, :16], v=a["v"][:, :, :16]), "head_dim differs"),
     (lambda a: dict(a, q=a["q"].to(torch.bfloat16), k=a["k"].to(torch.bfloat16), v=a["v"].to(torch.bfloat16)),
      "bfloat16 tensors on the CPU"),
-    (lambda a: dict(a, q=a["q"].clone().requires_grad_()), "no attention backward"),
+    (lambda a: dict(a, q=a["q"].clone().requires_grad_()), "has no backward"),
     (lambda a: dict(a, cu_seqlens_q=torch.stack([a["cu_seqlens_q"], a["cu_seqlens_q"]], 1).reshape(-1)[::2]),
      "must be contiguous"),
     (lambda a: dict(a, dropout_p=0.1), "dropout_p: not supported"),

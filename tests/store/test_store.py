@@ -186,14 +186,14 @@ def test_version_2_database_gains_kv_cache_problems(db):
     ids = identities(db, PROBLEM, GPU, SW)
     record(db, ids, KernelConfig(), "ok", median_ms=2.0)
     with db.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN decode"))
+        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN kind"))
         conn.execute(text("ALTER TABLE fa_problems DROP COLUMN page_size"))
         conn.execute(text("DELETE FROM fa_schema_version"))
         conn.execute(models.SchemaVersionModel.__table__.insert().values(version=2))
     db.dispose()
     upgraded = connect(db.url)
     assert schema_version(upgraded) == models.SCHEMA_VERSION == 3
-    decode = Problem(4, 32, 8, 1, 4096, 128, "bfloat16", decode=True, page_size=16)
+    decode = Problem(4, 32, 8, 1, 4096, 128, "bfloat16", kind="decode", page_size=16)
     config = KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=4)
     record(upgraded, identities(upgraded, decode, GPU, SW), config, "ok", median_ms=0.1)
     with upgraded.session() as s:

@@ -1,0 +1,109 @@
+"""attention()'s backward: gradients of q, k, v in Triton's interpreter against float32
+autograd through a plain PyTorch attention (fp32 inputs are exact there)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fa_autotune
+from fa_autotune.kernels.launcher import BackwardPlan
+from fa_autotune.runtime.api import attention_backward
+from fa_autotune.spec.config import KernelConfig
+
+
+def reference(q, k, v, causal=False, causal_align="top_left", scale=None):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = q.shape[2], k.shape[2]
+        offset = n_k - n_q if causal_align == "bottom_right" else 0
+        visible = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + offset
+        scores = scores.masked_fill(~visible, -math.inf)
+    return torch.softmax(scores, -1).nan_to_num(0.0) @ v
+
+
+def grads(fn, q, k, v, dout, **kwargs):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    fn(*leaves, **kwargs).backward(dout)
+    return [t.grad for t in leaves]
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+CASES = {  # (batch, heads_q, heads_kv, n_q, n_k, head_dim, causal, align)
+    "full": (2, 2, 2, 24, 24, 16, False, "top_left"),
+    "causal-gqa-ragged": (2, 4, 2, 37, 53, 40, True, "bottom_right"),
+    "causal-mqa-nq-gt-nk": (1, 4, 1, 45, 29, 32, True, "top_left"),
+    "bottom-right-rows-see-nothing": (1, 2, 1, 50, 20, 16, True, "bottom_right"),
+    "head-dim-80": (1, 2, 2, 19, 33, 80, False, "top_left"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_match_float32_autograd(case, device):
+    b, hq, hkv, n_q, n_k, d, causal, align = CASES[case]
+    q = torch.randn(b, hq, n_q, d, device=device)
+    k = torch.randn(b, hkv, n_k, d, device=device)
+    v = torch.randn(b, hkv, n_k, d, device=device)
+    dout = torch.randn(b, hq, n_q, d, device=device)
+    ours = grads(fa_autotune.attention, q, k, v, dout, causal=causal, causal_align=align)
+    want = grads(reference, q, k, v, dout, causal=causal, causal_align=align)
+    for name, a, w in zip("qkv", ours, want):
+        assert torch.isfinite(a).all() and rel(a, w) < 1e-5, f"d{name}: {rel(a, w):.2e}"
+
+
+def test_fp16_flash_attn_layout_scale_and_lse(device):
+    """(B, N, H, D) views, a custom scale, return_lse alongside: fp16 gradients within twice
+    the error of the same computation in fp16 PyTorch."""
+    q, k, v = (torch.randn(2, 33, h, 64, device=device, dtype=torch.float16).transpose(1, 2) for h in (4, 2, 2))
+    dout = torch.randn(2, 4, 33, 64, device=device, dtype=torch.float16)
+    out, lse = fa_autotune.attention(*(t.requires_grad_() for t in (q, k, v)), causal=True, scale=0.2,
+                                     return_lse=True)
+    assert out.grad_fn is not None and lse.grad_fn is None
+    out.backward(dout)
+    exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=True, scale=0.2)
+    half = grads(reference, q.detach(), k.detach(), v.detach(), dout, causal=True, scale=0.2) \
+        if device == "cuda" else exact
+    for t, w, h in zip((q, k, v), exact, half):
+        assert rel(t.grad, w) <= max(2 * rel(h, w), 2e-3)
+
+
+@pytest.mark.parametrize("causal_mode", ["split", "masked"])
+def test_both_masking_modes_of_the_backward_template(causal_mode, device):
+    q, k, v = (torch.randn(1, 2, n, 32, device=device) for n in (40, 56, 56))
+    dout = torch.randn_like(q)
+    out, lse = fa_autotune.attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
+    config = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=32, num_stages=1, causal_mode=causal_mode)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, 32 ** -0.5, 56 - 40, True)(q, k, v, out, dout, lse, dq, dk, dv)
+    want = grads(reference, q, k, v, dout, causal=True, causal_align="bottom_right")
+    for a, w in zip((dq, dk, dv), want):
+        assert rel(a, w) < 1e-5
+
+
+def test_backward_through_torch_compile(device):
+    """Under torch.compile the forward is the custom op and its registered autograd runs
+    the backward kernels."""
+    q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
+    dout = torch.randn_like(q)
+    compiled = torch.compile(lambda q, k, v: fa_autotune.attention(q, k, v, causal=True), backend="aot_eager",
+                             fullgraph=True)
+    ours = grads(compiled, q, k, v, dout)
+    want = grads(reference, q, k, v, dout, causal=True)
+    for a, w in zip(ours, want):
+        assert rel(a, w) < 1e-5
+
+
+def test_backward_of_empty_and_wrong_shapes(device):
+    q = torch.randn(1, 2, 0, 16, device=device)
+    k = v = torch.randn(1, 2, 8, 16, device=device)
+    out, lse = fa_autotune.attention(q, k, v, return_lse=True)
+    dq, dk, dv = attention_backward(q, k, v, out, lse, torch.empty_like(out))
+    assert dq.shape == q.shape and not dk.any() and not dv.any()
+    with pytest.raises(fa_autotune.InputError, match="output gradient"):
+        attention_backward(q, k, v, out, lse, torch.empty(1, 2, 3, 16, device=device))
