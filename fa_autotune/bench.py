@@ -1,7 +1,10 @@
 """``fa-autotune bench``: every attention provider, side by side, on the same inputs.
 
 KV-cache problems (``--space decode``) run ``attention_with_kvcache`` for ``tuned`` and
-``default`` and report microseconds and TB/s of K/V read beside the ratios.
+``default`` and report microseconds and TB/s of K/V read beside the ratios. Backward problems
+(``--space bwd``) time dQ, dK and dV together through autograd (each provider's own
+backward, its forward run once beforehand), checked against float32 autograd; TFLOPS count
+2.5x the forward's FLOPs.
 
 Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
 (our template tuned only over the Triton fused-attention tutorial's config list,
@@ -37,7 +40,7 @@ from .spec.target import detect_gpu, detect_software, environment
 from .store import connect
 from .tune.inputs import TrialInputs, random_inputs
 from .tune.measure import time_callable
-from .tune.reference import compare, reference_attention
+from .tune.reference import compare, compare_all, reference_attention, reference_gradients
 from .tune.search import TuneOptions, Tuner
 
 PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex")
@@ -173,22 +176,58 @@ class Bench:
         fn, context = sdpa_call(provider, replace(problem, causal=False), q, k, v)
         return fn, context, f"SDPA {provider}, dense K/V"
 
+    def backward_callable_for(self, provider: str, problem: Problem, q, k, v, dout):
+        """Backward problems: (fn giving (dq, dk, dv), context factory or None, detail). Every
+        provider's forward runs once with a graph; the timed call is the backward alone."""
+        fwd = replace(problem, kind="fwd")
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        context = None
+        if provider == "tuned":
+            info = api.explain(q, k, v, fwd.causal, causal_align=fwd.causal_align)["backward"]
+            run, detail = (lambda: api.attention(*leaves, fwd.causal, causal_align=fwd.causal_align)), \
+                f"{info['kernel']} ({info['source']})"
+        elif provider == "flex":
+            flex = _flex(fwd, *leaves)
+            run, detail = flex, "torch.compile(flex_attention)"
+        elif provider in ("cudnn", "flash", "efficient"):
+            if fwd.causal and fwd.causal_align == "bottom_right" and fwd.seqlen_q != fwd.seqlen_k:
+                raise Unavailable("SDPA's is_causal aligns top-left")
+            run, context = sdpa_call(provider, fwd, *leaves)
+            detail = f"SDPA {provider}"
+        else:
+            raise Unavailable(f"{provider} has no backward here")
+        with (context() if context else contextlib.nullcontext()):
+            out = run()
+
+        def call():
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+        return call, context, detail
+
     def run_problem(self, problem: Problem) -> Row:
+        """Every provider on one set of inputs: checked against float32, then timed."""
+        if problem.backward:
+            q, k, v = random_inputs(problem, "cuda")
+            dout = torch.randn_like(q)
+            refs = reference_gradients(q, k, v, dout, causal=problem.causal, causal_align=problem.causal_align)
+            return self._row(problem, lambda p: self.backward_callable_for(p, problem, q, k, v, dout),
+                             lambda grads: compare_all(grads, refs))
         if problem.decode:
             x = TrialInputs.kv_cache(problem, "cuda")
             q, k, v = x.reference
         else:
             q, k, v = random_inputs(problem, "cuda")
         ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        if problem.decode:
+            return self._row(problem, lambda p: self.decode_callable_for(p, problem, x), lambda out: compare(out, ref))
+        return self._row(problem, lambda p: self.callable_for(p, problem, q, k, v), lambda out: compare(out, ref))
+
+    def _row(self, problem: Problem, make: Callable, judge: Callable) -> Row:
         row = Row(problem.key, problem.dtype)
         for provider in self.providers:
             try:
-                if problem.decode:
-                    fn, context, detail = self.decode_callable_for(provider, problem, x)
-                else:
-                    fn, context, detail = self.callable_for(provider, problem, q, k, v)
+                fn, context, detail = make(provider)
                 with (context() if context else contextlib.nullcontext()):
-                    report = compare(fn(), ref)
+                    report = judge(fn())
                     if not report.passes(problem.dtype):
                         row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
                         continue

@@ -303,6 +303,13 @@ def test_two_tunes_of_one_problem_share_a_database(env, db_url):
     assert len({r[0] for r in search}) >= 6
 
 
+def run_with_files(script: str, env: dict, files_dir) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter process that reads tuned files from ``files_dir`` only."""
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(env, FA_AUTOTUNE_CONFIG_DIR=str(files_dir), TRITON_INTERPRET="1",
+                                   FA_AUTOTUNE_DB=f"sqlite:///{files_dir}/none.sqlite"))
+
+
 def test_decode_tune_export_and_serve(env, db_url, tmp_path):
     """`tune --space decode` on a KV-cache problem (paged), export to the attn_decode file,
     and attention_with_kvcache picks the tuned config from it in a fresh process."""
@@ -322,12 +329,31 @@ def test_decode_tune_export_and_serve(env, db_url, tmp_path):
               "from fa_autotune.runtime.dispatch import DISPATCHER\n"
               "p = fa_autotune.Problem(2, 4, 2, 1, 48, 32, 'float16', kind='decode', page_size=16)\n"
               "print(DISPATCHER.choose(p, 'cpu', 0).source)\n")
-    served = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env=dict(env, FA_AUTOTUNE_CONFIG_DIR=str(tmp_path / "files"), TRITON_INTERPRET="1",
-                                     FA_AUTOTUNE_DB=f"sqlite:///{tmp_path / 'none.sqlite'}"))
+    served = run_with_files(script, env, tmp_path / "files")
     assert served.stdout.strip() == "exported", served.stderr
 
 
 def test_page_size_needs_the_decode_space(env, db_url):
     result = cli("tune", *TINY, "--page-size", "16", "--db", db_url, env=env, check=False)
     assert result.returncode != 0 and "--space decode" in result.stderr
+
+
+def test_backward_tune_export_and_train(env, db_url, tmp_path):
+    """`tune --space bwd` on one backward problem (checked against float32 autograd), export
+    to the attn_bwd file, and loss.backward() in a fresh process runs the tuned kernels
+    (explain shows them)."""
+    out = cli("tune", "--space", "bwd", "--preset", "smoke", "--match", "full", "--trials", "2", "--jobs", "2",
+              "--db", db_url, "--quiet", env=env)
+    line = next(x for x in out.stdout.splitlines() if x.startswith("tuned problem:"))
+    assert "b1_hq2_hkv2_nq64_nk64_d32_float16_full_bwd" in line and "attn_bwd_" in line
+    cli("export", "--db", db_url, "--out", str(tmp_path / "files"), env=env)
+    (path,) = (tmp_path / "files").iterdir()
+    assert path.name.endswith(".attn_bwd.json")
+    script = ("import torch, fa_autotune\n"
+              "q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16, requires_grad=True) for _ in range(3))\n"
+              "info = fa_autotune.explain(q, k, v)['backward']\n"
+              "fa_autotune.attention(q, k, v).float().sum().backward()\n"
+              "print(info['source'], info['kernel'], bool(torch.isfinite(q.grad).all() and k.grad.abs().sum() > 0))\n")
+    served = run_with_files(script, env, tmp_path / "files")
+    source, kernel, finite = served.stdout.split()
+    assert source == "exported" and kernel.startswith("attn_bwd_") and finite == "True", served.stderr

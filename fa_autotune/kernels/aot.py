@@ -174,9 +174,10 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         lse = torch.empty(q.shape[:3], device="meta", dtype=torch.float32)
         plan = BackwardPlan(config, q, k, v, out, out, q, k, v, resolve_scale(None, problem.head_dim),
                             problem.causal_offset, problem.causal)
+        acc = None if plan.acc_shape is None else torch.empty(plan.acc_shape, device="meta", dtype=torch.float32)
         launches = [(launch, args + launch.fixed)
                     for launch, args in plan.calls(q, k, v, out, out, lse, torch.empty_like(q), torch.empty_like(k),
-                                                   torch.empty_like(v))]
+                                                   torch.empty_like(v), acc)]
     else:
         q, k, v, out, scales = example_inputs(config, problem, "meta")
         plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,

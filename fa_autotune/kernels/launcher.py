@@ -339,16 +339,17 @@ class DecodePlan:
 
 # ------------------------------------------------------------------ backward
 _BWD_PRE = ("Out", "DOut", "Delta")
-_BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV")
+_BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV", "DQAcc")
 _BWD_DQ = ("Q", "K", "V", "DOut", "Lse", "Delta", "DQ")
 
 
 class BackwardPlan:
     """Launch plan of a ``loop_order='backward'`` config for one layout of q, k, v (B, H, N, D)
     and their gradients: delta = rowsum(dO * O), then dK/dV (K/V tiles outer, GQA groups
-    summed in registers), then dQ (Q tiles outer). Every gradient is written once."""
+    summed in registers), then dQ (Q tiles outer; every gradient written once), or with
+    ``dq_atomic`` dQ added up in fp32 inside the dK/dV pass and cast into place after it."""
 
-    __slots__ = ("pre", "dkdv", "dq", "rows")
+    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -372,16 +373,25 @@ class BackwardPlan:
                           {"num_warps": 4})
         self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv), _BWD_DKDV,
                            scalars, flags, options)
-        self.dq = Launch(module.KERNELS["dq"], (q_tiles, batch * heads), _BWD_DQ, scalars, flags, options)
+        self.dq = None if config.dq_atomic else Launch(module.KERNELS["dq"], (q_tiles, batch * heads), _BWD_DQ,
+                                                        scalars, flags, options)
         self.rows = batch * heads * n_q
+        self.acc_shape = (batch, heads, n_q, flags["HEAD_DIM_PAD"]) if config.dq_atomic else None
+        self.head_dim = head_dim
 
-    def calls(self, q, k, v, out, dout, lse, dq, dk, dv) -> list[tuple[Launch, tuple]]:
+    def calls(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None) -> list[tuple[Launch, tuple]]:
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
-        return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv)),
+        if self.dq is None:
+            return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, acc))]
+        return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, None)),
                 (self.dq, (q, k, v, dout, lse, delta, dq))]
 
     def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False) -> list:
-        return [launch(*args, warmup=warmup) for launch, args in self.calls(q, k, v, out, dout, lse, dq, dk, dv)]
+        acc = None if self.acc_shape is None else torch.zeros(self.acc_shape, device=q.device, dtype=torch.float32)
+        compiled = [launch(*args, warmup=warmup) for launch, args in self.calls(q, k, v, out, dout, lse, dq, dk, dv, acc)]
+        if acc is not None and not warmup:
+            dq.copy_(acc[..., :self.head_dim])
+        return compiled
 
 
 # ------------------------------------------------------------------ TMA scratch

@@ -51,8 +51,11 @@ def attention(
     *,
     causal_align: str = "top_left",
     return_lse: bool = False,
+    deterministic: bool = False,
 ):
-    """Scaled dot-product attention forward on (batch, heads, seqlen, head_dim) tensors.
+    """Scaled dot-product attention on (batch, heads, seqlen, head_dim) tensors, differentiable
+    in q, k and v (the backward kernels run on ``loss.backward()``; ``deterministic=True``
+    keeps them to configs whose gradients are bitwise reproducible, no atomics).
 
     Returns what ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
     enable_gqa=True)`` returns. ``causal_align="bottom_right"`` aligns the diagonal to the
@@ -64,7 +67,7 @@ def attention(
     interpreter (slow; for tests).
     """
     if _wants_grad(q, k, v):
-        return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse)
+        return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic)
     if torch.compiler.is_compiling():
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
     if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
@@ -103,10 +106,10 @@ class _Attention(torch.autograd.Function):
     backward runs the backward kernels (dQ, dK, dV)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, config, causal_align):
+    def forward(ctx, q, k, v, causal, scale, config, causal_align, deterministic):
         out, lse = attention(q, k, v, causal, scale, config, causal_align=causal_align, return_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (causal, scale, causal_align)
+        ctx.options = (causal, scale, causal_align, deterministic)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -114,30 +117,32 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
-def _backward_config(problem: Problem, q) -> KernelConfig:
+def _backward_config(problem: Problem, q, deterministic: bool = False) -> KernelConfig:
     """The dispatcher's backward config for ``problem`` (kind "bwd"); the built-in one when
-    what it finds is not a backward kernel."""
+    what it finds is not a backward kernel; its dQ in its own pass when ``deterministic``."""
     chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
     if chosen.loop_order != "backward":
         chosen = backward_default(problem, gpu_of(q.device.type, q.device.index or 0).capability_tuple)
-    return chosen
+    return chosen.with_(dq_atomic=False) if deterministic else chosen
 
 
-def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse):
+def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic):
     if torch.compiler.is_compiling():  # the custom op, with its registered autograd
+        if deterministic:
+            raise InputError("deterministic=True is not supported under torch.compile yet; call it eagerly")
         out, lse = _through_custom_op(q, k, v, causal, scale, config, causal_align, True)
     else:
         _plain_problem(q, k, v, causal, causal_align)  # bad input raises here, before autograd sees it
-        out, lse = _Attention.apply(q, k, v, causal, scale, config, causal_align)
+        out, lse = _Attention.apply(q, k, v, causal, scale, config, causal_align, deterministic)
     return (out, lse) if return_lse else out
 
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, causal: bool = False, scale: float | None = None,
-                       causal_align: str = "top_left"):
+                       causal_align: str = "top_left", deterministic: bool = False):
     """(dq, dk, dv) of attention(q, k, v, causal, scale, causal_align=...) given its output,
     its log-sum-exp and the output's gradient (any strides)."""
     problem = _plain_problem(q, k, v, causal, causal_align)
@@ -147,7 +152,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     if problem.is_empty:
         return dq.zero_(), dk.zero_(), dv.zero_()
     check_interpretable(q)
-    config = _backward_config(problem.with_kind("bwd"), q)
+    config = _backward_config(problem.with_kind("bwd"), q, deterministic)
     plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
                         problem.causal_offset, problem.causal)
     try:

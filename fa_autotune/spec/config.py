@@ -40,7 +40,7 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False}
+                      "overlap": True, "pingpong": False, "one_loop": False, "dq_atomic": False}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop")
 
@@ -85,6 +85,9 @@ class KernelConfig:
     # at run time, instead of two loops handing P across (that hand-over cost 32 extra SASS
     # register moves per step under Triton 3.6).
     one_loop: bool = False
+    # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
+    # to run bit differences) instead of its own Q-outer pass (deterministic).
+    dq_atomic: bool = False
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -134,7 +137,7 @@ class KernelConfig:
             return self._decode_name()
         if self.loop_order == "backward":
             return f"attn_bwd_m{self.BLOCK_M}n{self.BLOCK_N}_w{self.num_warps}s{self.num_stages}_" + (
-                "cband" if self.causal_mode == "split" else "cmask")
+                "cband" if self.causal_mode == "split" else "cmask") + ("_dqatomic" if self.dq_atomic else "")
         loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
         access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
         parts = [
@@ -228,6 +231,7 @@ def _validate(cfg: KernelConfig) -> None:
     if cfg.loop_order in ("decode", "backward"):
         _validate_decode(cfg)
     _validate_structure(cfg)
+    _validate_backward(cfg)
     _validate_language(cfg)
     if cfg.warp_specialize and cfg.loop_order != "q_outer":
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
@@ -273,6 +277,13 @@ def _validate_structure(cfg: KernelConfig) -> None:
         for name in ("rescale_threshold", "exp2_poly", "persistent", "tile_order"):
             if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
                 raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")
+
+
+def _validate_backward(cfg: KernelConfig) -> None:
+    if not isinstance(cfg.dq_atomic, bool):
+        raise ConfigError("dq_atomic", f"expected true or false, got {cfg.dq_atomic!r}")
+    if cfg.dq_atomic and cfg.loop_order != "backward":
+        raise ConfigError("dq_atomic", "only loop_order='backward' accumulates dQ; use false")
 
 
 def _validate_language(cfg: KernelConfig) -> None:

@@ -90,14 +90,25 @@ def test_left_padding_is_refused_not_ignored(device):
         model(input_ids=ids, attention_mask=mask)
 
 
-def test_training_features_are_refused(device):
+def test_training_step_matches_sdpa_and_attention_weights_are_refused(device):
+    """A training step (grad mode on) runs our backward: the weight gradients equal SDPA's
+    to float32 precision; output_attentions is refused, not answered with None."""
     model = tiny_llama(device, layers=1)
+    ids = torch.randint(0, 128, (2, 16), device=device)
+    grads = {}
+    for impl in ("fa_autotune", "sdpa"):
+        model.config._attn_implementation = impl
+        model.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads[impl] = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    assert rel_err(grads["fa_autotune"], grads["sdpa"]) < 1e-4
     model.config._attn_implementation = "fa_autotune"
-    ids = torch.randint(0, 128, (1, 8), device=device)
-    with pytest.raises(InputError, match="grad"):
-        model(input_ids=ids)  # grad mode on, weights require grad
     with pytest.raises(InputError, match="output_attentions"), torch.no_grad():
         model(input_ids=ids, output_attentions=True)
+
+
+def rel_err(a, b):
+    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.gpu

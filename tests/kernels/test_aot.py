@@ -265,14 +265,19 @@ def test_decode_paged_kernel_pipelines_its_tile_loads():
     (Problem(1, 8, 8, 1000, 1500, 80, "float16", causal=True, causal_align="bottom_right"),
      dict(BLOCK_M=32, BLOCK_N=64, causal_mode="masked", num_stages=3)),
     (Problem(1, 8, 8, 512, 512, 256, "bfloat16"), dict(BLOCK_M=32, BLOCK_N=32, num_stages=2)),
-], ids=["d128-gqa-causal", "d80-bottom-right", "d256"])
+    (Problem(2, 16, 4, 2048, 2048, 128, "float16", causal=True), dict(BLOCK_M=64, BLOCK_N=64, dq_atomic=True)),
+], ids=["d128-gqa-causal", "d80-bottom-right", "d256", "d128-atomic-dq"])
 def test_backward_variants_compile_for_hopper(problem, changes):
     """The three backward kernels compile for sm_90 and fit; 64 x 64 tiles use wgmma (a dot of
     fewer than a warpgroup's 64 rows gets mma.sync)."""
     config = KernelConfig(loop_order="backward", **changes)
     (result,) = compile_many([config], problem, jobs=1)
     assert result.status == "ok", result.error
-    assert {k.kernel for k in result.kernels} == {f"{config.name}_{part}" for part in ("preprocess", "dkdv", "dq")}
+    parts = ("preprocess", "dkdv") if config.dq_atomic else ("preprocess", "dkdv", "dq")
+    assert {k.kernel for k in result.kernels} == {f"{config.name}_{part}" for part in parts}
+    if config.dq_atomic:  # dQ shares added with fp32 atomics
+        dkdv = next(k for k in result.kernels if k.kernel.endswith("_dkdv"))
+        assert dkdv.ptx_lines > 0
     assert result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     if min(config.BLOCK_M, config.BLOCK_N) >= 64:
         assert result.uses_wgmma

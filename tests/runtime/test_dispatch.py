@@ -100,7 +100,8 @@ def test_nearest_tuned_problem(isolated):
     (lambda t: t.replace('"schema_version": 1', '"schema_version": 7'), "newer than this fa_autotune"),
     (lambda t: t.replace('"BLOCK_M": 16', '"BLOCK_M": 17'), "BLOCK_M"),
     (lambda t: t.replace('"median_ms": 1.0', '"median_ms": -1'), "median_ms must be a positive number"),
-    (lambda t: t.replace('"family": "attn_fwd"', '"family": "attn_bwd"'), "kernel family"),
+    (lambda t: t.replace('"family": "attn_fwd"', '"family": "attn_sparse"'), "kernel family"),
+    (lambda t: t.replace('"family": "attn_fwd"', '"family": "attn_bwd"'), "attn_fwd problem in a attn_bwd file"),
     # reliability review (issue 14): every bad value a refusal, never a traceback
     (lambda t: t.encode().replace(b'"float16"', b'"float16\xff"'), "not UTF-8"),
     (lambda t: "[" * 100_000 + "]" * 100_000, "nested too deeply"),
@@ -491,7 +492,7 @@ def test_decode_winners_go_to_their_own_file_and_serve_nearby_shapes(tmp_path, i
 
     tuned = Tuned.latest(gpu, [Winner(forward, CFG_A, 1.0, 1.0, 1e-4, gpu, SW),
                                Winner(DECODE_P, DECODE_CFG, 1.0, 1.0, 1e-4, gpu, SW)])
-    paths = [files.write(tuned, isolated, family=f) for f in files.FAMILIES]
+    paths = [files.write(tuned, isolated, family=f) for f in ("attn_fwd", "attn_decode")]
     assert [p.name.split(".")[-2] for p in paths] == ["attn_fwd", "attn_decode"]
     fwd, dec = (files.load(p) for p in paths)
     assert [w.problem for w in fwd.winners] == [forward] and [w.problem for w in dec.winners] == [DECODE_P]

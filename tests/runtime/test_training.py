@@ -2,6 +2,7 @@
 attention and with SDPA gives the same loss curve (fp32 in Triton's interpreter)."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -30,20 +31,21 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def train(use_ours: bool, steps: int = 15, device: str = "cpu") -> list[float]:
+def train(use_ours: bool, steps: int = 15, device: str = "cpu", dim: int = 64, heads: int = 4, kv_heads: int = 2,
+          layers: int = 2, tokens: int = 25, batch: int = 4, dtype: torch.dtype = torch.float32) -> list[float]:
     torch.manual_seed(0)
-    vocab, dim = 64, 64
+    vocab = 64
     embed = torch.nn.Embedding(vocab, dim)
-    blocks = torch.nn.Sequential(*(Block(dim, 4, 2, use_ours) for _ in range(2)))
+    blocks = torch.nn.Sequential(*(Block(dim, heads, kv_heads, use_ours) for _ in range(layers)))
     head = torch.nn.Linear(dim, vocab)
-    model = torch.nn.ModuleList([embed, blocks, head]).to(device)
+    model = torch.nn.ModuleList([embed, blocks, head]).to(device=device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = torch.randint(0, vocab, (4, 25), generator=torch.Generator().manual_seed(1)).to(device)
+    data = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(1)).to(device)
     # A learnable pattern: every token repeats the one 3 back, so attention matters.
     data[:, 3:] = data[:, :-3].clone()
     losses = []
     for _ in range(steps):
-        logits = head(blocks(embed(data[:, :-1])))
+        logits = head(blocks(embed(data[:, :-1]))).float()
         loss = F.cross_entropy(logits.reshape(-1, vocab), data[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -56,3 +58,15 @@ def test_tiny_gpt_trains_like_sdpa(device):
     ours, sdpa = train(True, device=device), train(False, device=device)
     assert ours[-1] < 0.8 * ours[0]  # it learns
     assert max(abs(a - b) for a, b in zip(ours, sdpa)) < 1e-3, (ours, sdpa)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_gpt_trains_like_sdpa_in_bf16():
+    """A realistic width in bf16 (4 layers, 512 wide, 8/2 heads of 64, 512 tokens): after
+    60 steps both curves have learned and stay within bf16 noise of each other."""
+    kwargs = dict(steps=60, device="cuda", dim=512, heads=8, kv_heads=2, layers=4, tokens=513, batch=8,
+                  dtype=torch.bfloat16)
+    ours, sdpa = train(True, **kwargs), train(False, **kwargs)
+    assert ours[-1] < 0.5 * ours[0] and sdpa[-1] < 0.5 * sdpa[0]
+    assert max(abs(a - b) / b for a, b in zip(ours, sdpa)) < 0.05, (ours, sdpa)

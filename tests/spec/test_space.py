@@ -215,3 +215,14 @@ def test_page_size_only_in_decode_spaces():
     text = text.replace("seqlen: 64, head_dim: 32, dtype: float16,", "seqlen: 64, head_dim: 32, dtype: float16, page_size: 16,")
     with pytest.raises(SearchSpaceError, match="page_size"):
         parse_space(text)
+
+
+def test_backward_space_and_presets():
+    space = load_space("bwd")
+    assert space.name == "attn_bwd" and space.kind == "bwd"
+    problems = space.presets["llm-prefill"].problems
+    assert len(problems) == 24 and all(p.backward and p.key.endswith("_bwd") for p in problems)
+    for arch in ("sm90", "interpreter"):
+        grid = space.for_arch(arch).grid(problems[0])
+        assert grid and all(c.loop_order == "backward" for c in grid)
+        assert {c.dq_atomic for c in grid} == {False, True}
