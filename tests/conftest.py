@@ -28,3 +28,49 @@ def kernel_cache(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# ------------------------------------------------------------------ PostgreSQL
+# The database tests run against SQLite and, where a server is given, PostgreSQL. .ci/run
+# starts a throwaway server (.ci/postgres.sh) and sets FA_AUTOTUNE_TEST_PG_URL; without it the
+# PostgreSQL cases skip, naming why; FA_AUTOTUNE_REQUIRE_PG=1 (set by CI) turns that skip into
+# a failure, so CI never passes without them.
+PG_URL_VAR = "FA_AUTOTUNE_TEST_PG_URL"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    url = os.environ.get(PG_URL_VAR)
+    if not url:
+        if os.environ.get("FA_AUTOTUNE_REQUIRE_PG") == "1":
+            pytest.fail(f"{PG_URL_VAR} is not set but FA_AUTOTUNE_REQUIRE_PG=1: the PostgreSQL server did not start")
+        pytest.skip(f"no PostgreSQL server: start one with `eval \"$(.ci/postgres.sh start)\"` (sets {PG_URL_VAR})")
+    return url
+
+
+@pytest.fixture
+def pg_url(pg_server_url):
+    """A fresh, empty PostgreSQL database for this test, dropped afterwards."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"fa_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(pg_server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request, tmp_path) -> str:
+    """A fresh results database URL of each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sub' / 'tune.sqlite'}"
+    return request.getfixturevalue("pg_url")

@@ -22,11 +22,15 @@ PROBLEM = Problem(1, 2, 2, 64, 64, 32, "float16")
 
 
 @pytest.fixture
-def db(tmp_path):
-    return connect(f"sqlite:///{tmp_path / 'sub' / 'tune.sqlite'}")
+def db(any_db_url):
+    """A fresh results database, SQLite and PostgreSQL (where a server is given)."""
+    database = connect(any_db_url)
+    yield database
+    database.dispose()
 
 
-def test_sqlite_is_wal_with_schema_version(db, tmp_path):
+def test_sqlite_is_wal_with_schema_version(tmp_path):
+    db = connect(f"sqlite:///{tmp_path / 'sub' / 'tune.sqlite'}")
     with db.engine.connect() as conn:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
@@ -150,13 +154,13 @@ def test_a_row_inserted_by_another_run_meanwhile_is_absorbed(db):
         assert conn.execute(text("SELECT COUNT(*) FROM fa_configs")).scalar() == 1
 
 
-def test_concurrent_writers_share_identities(tmp_path):
+def test_concurrent_writers_share_identities(tmp_path, any_db_url):
     """Four processes registering the same 40 problems and configs at once: no errors, one
-    row each."""
+    row each (SQLite and PostgreSQL)."""
     import subprocess
     import sys
 
-    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    url = any_db_url
     connect(url).dispose()  # the schema, once
     script = tmp_path / "writer.py"
     script.write_text(f"""
@@ -199,3 +203,28 @@ def test_version_2_database_gains_kv_cache_problems(db):
     with upgraded.session() as s:
         problems = {row.key: row.to_problem() for row in s.query(models.ProblemModel)}
     assert problems == {PROBLEM.key: PROBLEM, decode.key: decode}
+
+
+def test_concurrent_first_opens_create_the_schema_once(tmp_path, any_db_url):
+    """Four processes opening one empty database at the same moment: the schema is created
+    once, every process ends at the current version (issue 17: workers start together)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "opener.py"
+    script.write_text(f"""
+import time
+from fa_autotune.store import connect
+from fa_autotune.store.db import schema_version
+time.sleep(max(0.0, {__import__('time').time() + 3.0} - time.time()))
+db = connect({any_db_url!r})
+db.optuna_storage()
+print(schema_version(db))
+""")
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    results = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(err for _, err in results)
+    assert {out.strip() for out, _ in results} == {str(models.SCHEMA_VERSION)}
+    with connect(any_db_url).engine.connect() as conn:
+        assert conn.execute(text("SELECT COUNT(*) FROM fa_schema_version")).scalar() == 1
