@@ -318,6 +318,8 @@ def test_two_tunes_of_one_problem_share_a_database(env, shared_url):
         assert "Traceback" not in err
     search = [r for r in measurements(db_url) if r[2] == "search"]
     assert len({r[0] for r in search}) >= 6
+    hashes = [r[0] for r in search]
+    assert len(hashes) == len(set(hashes)), "a config was measured by both workers (claims failed)"
 
 
 def run_with_files(script: str, env: dict, files_dir) -> subprocess.CompletedProcess:
@@ -379,8 +381,8 @@ def test_backward_tune_export_and_train(env, db_url, tmp_path):
 def test_two_tunes_at_once_one_killed_the_other_finishes(env, shared_url):
     """Two workers tuning one preset against one database, one of them killed with -9 mid-run:
     the other finishes every problem, the killed one's measurements stay, and a restart of the
-    killed worker completes. (Two live workers may still both measure a config they drew at
-    the same moment: claiming configs across workers is issue 17's next step.)"""
+    killed worker completes; configs are claimed in the database, so only the killed worker's
+    in-flight config may be measured a second time."""
     args = ["tune", "--preset", "smoke", "--trials", "4", "--jobs", "1", "--db", shared_url, "--quiet"]
     from fa_autotune.store import connect
 
@@ -399,4 +401,5 @@ def test_two_tunes_at_once_one_killed_the_other_finishes(env, shared_url):
     cli(*args, "--seed", "1", env=env)
     after = measurements(shared_url)
     assert after[:len(before)] == before  # nothing lost or rewritten
-    assert len({r[0] for r in after if r[2] == "search"}) >= 4
+    hashes = [r[0] for r in after if r[2] == "search"]
+    assert len(set(hashes)) >= 4 and len(hashes) - len(set(hashes)) <= 1

@@ -177,3 +177,19 @@ class ParetoModel(Base):
     gpu: Mapped[GpuModel] = relationship()
     software: Mapped[SoftwareModel] = relationship()
 
+
+
+class ClaimModel(Base):
+    """A config one tune is measuring right now on a problem, GPU and software stack, so that
+    workers sharing the database never measure it twice (schema version 3). Released once
+    the measurement is stored; a claim whose owner is gone is taken over."""
+
+    __tablename__ = "fa_claims"
+    __table_args__ = (UniqueConstraint("problem_id", "gpu_id", "software_id", "config_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("fa_problems.id"), nullable=False)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("fa_gpus.id"), nullable=False)
+    software_id: Mapped[int] = mapped_column(ForeignKey("fa_software.id"), nullable=False)
+    config_id: Mapped[int] = mapped_column(ForeignKey("fa_configs.id"), nullable=False)
+    owner: Mapped[str] = mapped_column(String(200), nullable=False)  # host:run-id:pid
+    claimed_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)

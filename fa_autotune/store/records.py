@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -15,7 +15,8 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import GpuInfo, SoftwareInfo
 from .db import Database
-from .models import REUSABLE_STATUSES, STATUSES, ConfigModel, GpuModel, MeasurementModel, ProblemModel, SoftwareModel
+from .models import (REUSABLE_STATUSES, STATUSES, ClaimModel, ConfigModel, GpuModel, MeasurementModel, ProblemModel,
+                     SoftwareModel, _now)
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,29 @@ def reusable(db: Database, ids: Ids, config: KernelConfig) -> MeasurementModel |
                    MeasurementModel.status.in_(REUSABLE_STATUSES))
             .order_by(MeasurementModel.id.desc()).limit(1)
         )
+
+
+def claim(db: Database, ids: Ids, config: KernelConfig, owner: str, gone) -> str:
+    """Claim measuring ``config`` for ``owner``; returns who holds the claim now: ``owner``, or
+    another run still alive. A claim whose holder is gone (``gone(holder, claimed_at)``) is
+    taken over, atomically against a third run doing the same."""
+    with db.session() as s:
+        config_id = config_row(s, config).id
+        unique = {"problem_id": ids.problem, "gpu_id": ids.gpu, "software_id": ids.software, "config_id": config_id}
+        row = get_or_create(s, ClaimModel, unique, owner=owner, claimed_at=_now())
+        holder = row.owner
+        if holder != owner and gone(holder, row.claimed_at):
+            taken = s.execute(update(ClaimModel).where(ClaimModel.id == row.id, ClaimModel.owner == holder)
+                              .values(owner=owner, claimed_at=_now()))
+            holder = owner if taken.rowcount == 1 else s.scalar(select(ClaimModel.owner).where(ClaimModel.id == row.id))
+        return holder
+
+
+def release(db: Database, ids: Ids, config: KernelConfig, owner: str) -> None:
+    """Drop ``owner``'s claim on ``config`` (its measurement is stored, whatever its status)."""
+    with db.session() as s:
+        config_id = s.scalar(select(ConfigModel.id).where(ConfigModel.hash == config.key))
+        if config_id is not None:
+            s.execute(delete(ClaimModel).where(ClaimModel.problem_id == ids.problem, ClaimModel.gpu_id == ids.gpu,
+                                               ClaimModel.software_id == ids.software,
+                                               ClaimModel.config_id == config_id, ClaimModel.owner == owner))

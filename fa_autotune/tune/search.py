@@ -37,7 +37,7 @@ from ..spec.space import SearchSpace
 from ..spec.target import GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Winner
 from ..store import Database
-from ..store.records import Ids, identities, record, reusable
+from ..store.records import Ids, claim, identities, record, release, reusable
 from ..store.tuned import save_front, save_winner, tuned_problems
 from .compile import compile_for_tuning
 from .worker import DeviceWorker, Job
@@ -272,6 +272,9 @@ class Tuner:
             if previous is not None:
                 self._reuse(study, trial, config, previous, outcome)
                 continue
+            if not self._claim(ids, config):  # another live worker is measuring it: wait for its row
+                pending.append(_Pending(trial, config, None, _utcnow()))
+                continue
             future = pool.submit(compile_for_tuning, config, problem, self.target_capability)
             pending.append(_Pending(trial, config, future, _utcnow()))
         return pending
@@ -279,8 +282,8 @@ class Tuner:
     def _complete(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, worker: DeviceWorker,
                   pending: list["_Pending"], outcome: ProblemOutcome) -> None:
         for item in pending:
-            if item.future is None:  # a repeat: answered by its first copy unless that one failed to finish
-                previous = reusable(self.db, ids, item.config)
+            if item.future is None:  # a repeat, here or in another worker: answered by its first copy
+                previous = self._await_elsewhere(ids, item.config)
                 if previous is not None:
                     self._reuse(study, item.trial, item.config, previous, outcome)
                     continue
@@ -299,6 +302,25 @@ class Tuner:
         result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
         self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
                      compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
+
+    def _claim(self, ids: Ids, config: KernelConfig) -> bool:
+        """Claim measuring ``config`` in the database; False while another live run holds it."""
+        grace = 2 * self.options.trial_timeout + 600
+
+        def gone(holder: str, claimed_at: dt.datetime | None) -> bool:
+            return _owner_gone(holder, claimed_at, _utcnow().replace(tzinfo=None), grace)
+
+        return claim(self.db, ids, config, _OWNER, gone) == _OWNER
+
+    def _await_elsewhere(self, ids: Ids, config: KernelConfig):
+        """The stored measurement of ``config``, waiting while another live run measures it
+        (up to twice the trial timeout); None when it is this run's to measure (claimed)."""
+        deadline = time.monotonic() + 2 * self.options.trial_timeout + 60
+        while True:
+            previous = reusable(self.db, ids, config)
+            if previous is not None or self._claim(ids, config) or time.monotonic() > deadline:
+                return previous
+            time.sleep(0.5)
 
     def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> KernelConfig | None:
         """The trial's config, or None after recording it as ``invalid_config``."""
@@ -341,6 +363,7 @@ class Tuner:
         if config is not None:
             record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), study_name=study.study_name,
                    trial_number=trial.number, **fields)
+            release(self.db, ids, config, _OWNER)
         outcome.new_trials += 1
         outcome.statuses[status] += 1
         with _closed_elsewhere(trial):

@@ -228,3 +228,21 @@ print(schema_version(db))
     assert {out.strip() for out, _ in results} == {str(models.SCHEMA_VERSION)}
     with connect(any_db_url).engine.connect() as conn:
         assert conn.execute(text("SELECT COUNT(*) FROM fa_schema_version")).scalar() == 1
+
+
+def test_claims_keep_workers_from_measuring_one_config_twice(db):
+    """A config claimed by a live worker stays its; a released or abandoned claim passes on."""
+    from fa_autotune.store.records import claim, release
+
+    ids = identities(db, PROBLEM, GPU, SW)
+    cfg = KernelConfig(BLOCK_M=32)
+    alive, dead = (lambda holder, at: False), (lambda holder, at: True)
+    assert claim(db, ids, cfg, "host:a:1", alive) == "host:a:1"
+    assert claim(db, ids, cfg, "host:b:2", alive) == "host:a:1"  # a is measuring it
+    assert claim(db, ids, cfg.with_(BLOCK_M=64), "host:b:2", alive) == "host:b:2"  # another config is free
+    release(db, ids, cfg, "host:b:2")  # not b's to release
+    assert claim(db, ids, cfg, "host:b:2", alive) == "host:a:1"
+    release(db, ids, cfg, "host:a:1")
+    assert claim(db, ids, cfg, "host:b:2", alive) == "host:b:2"
+    assert claim(db, ids, cfg, "host:c:3", dead) == "host:c:3"  # b died holding it: taken over
+    assert claim(db, ids, cfg, "host:b:2", alive) == "host:c:3"
