@@ -118,6 +118,8 @@ def _tune(args: argparse.Namespace) -> int:
     from .tune.progress import RichReporter, summary_line, summary_table
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
+    if args.gpus:
+        return _tune_on_gpus(args)
     space = load_space(args.space)
     gpu = detect_gpu()
     problems = _tune_problems(args, space, gpu)
@@ -138,6 +140,73 @@ def _tune(args: argparse.Namespace) -> int:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
     print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
+
+
+def _gpu_ids(spec: str, count: int) -> list[int]:
+    """GPU ids named by --gpus ('all' or a comma list), checked against the ``count`` visible."""
+    ids = None
+    if spec != "all":
+        try:
+            ids = [int(part) for part in spec.split(",") if part.strip()]
+        except ValueError:
+            raise FaAutotuneError(f"--gpus takes 'all' or GPU ids like 0,1, got {spec!r}") from None
+        if not ids or len(set(ids)) != len(ids):
+            raise FaAutotuneError(f"--gpus {spec!r}: name each GPU once, as ids like 0,1")
+    if count == 0:
+        raise FaAutotuneError("--gpus runs one worker per CUDA GPU, and this machine shows none")
+    if ids is None:
+        return list(range(count))
+    if not all(0 <= i < count for i in ids):
+        raise FaAutotuneError(f"--gpus {spec!r}: this machine has GPUs 0..{count - 1}")
+    return ids
+
+
+def _tune_on_gpus(args: argparse.Namespace) -> int:
+    """One `tune` worker per GPU, each pinned with CUDA_VISIBLE_DEVICES, all on one database:
+    they share each problem's Optuna study and claim configs, so no config is measured
+    twice; the compile processes of the host are split between them. Progress is the
+    database's measurement count; the summary is each worker's."""
+    import os
+    import subprocess
+
+    import torch
+
+    from .paths import default_db_url
+    from .store import connect, safe_url
+    from .tune.search import TuneOptions
+
+    ids = _gpu_ids(args.gpus, torch.cuda.device_count())
+    url = args.db or default_db_url()
+    connect(url).optuna_storage()  # the schema, once, before the workers start
+    base = _without_flag(args.argv, "--gpus")
+    jobs = max(1, (args.jobs or TuneOptions().jobs) // len(ids))
+    workers = []
+    for n, gpu_id in enumerate(ids):
+        argv = _without_flag(_without_flag(base, "--jobs"), "--db") + ["--db", url, "--jobs", str(jobs), "--quiet"]
+        if args.seed is not None:
+            argv = _without_flag(argv, "--seed") + ["--seed", str(args.seed + n)]
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu_id))
+        workers.append((gpu_id, subprocess.Popen([sys.executable, "-m", "fa_autotune", *argv], env=env,
+                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    print(f"Tuning with {len(ids)} workers (GPUs {', '.join(map(str, ids))}) on {safe_url(url)}", flush=True)
+    outputs = {gpu_id: proc.communicate()[0] for gpu_id, proc in workers}
+    for gpu_id, proc in workers:
+        print(f"--- GPU {gpu_id} (exit {proc.returncode}) ---")
+        print(outputs[gpu_id].rstrip())
+    return max(proc.returncode for _, proc in workers)
+
+
+def _without_flag(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (``--flag V`` or ``--flag=V``)."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == flag:
+            skip = True
+        elif not item.startswith(flag + "="):
+            out.append(item)
+    return out
 
 
 def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
@@ -391,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FP8 (--dtype fp8): relative error vs float32 a config may have; time and error are both "
                         "minimized and the Pareto front stored (query pareto)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
+    p.add_argument("--gpus", default=None, help="one worker per GPU of this host: 'all' or ids like 0,1 (each "
+                                                "pinned with CUDA_VISIBLE_DEVICES, sharing the database and --jobs)")
 
     p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
     p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage", "pareto"],
@@ -464,7 +535,9 @@ def _positive_int(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return _COMMANDS[args.command](args)
     except FaAutotuneError as exc:

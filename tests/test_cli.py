@@ -403,3 +403,28 @@ def test_two_tunes_at_once_one_killed_the_other_finishes(env, shared_url):
     assert after[:len(before)] == before  # nothing lost or rewritten
     hashes = [r[0] for r in after if r[2] == "search"]
     assert len(set(hashes)) >= 4 and len(hashes) - len(set(hashes)) <= 1
+
+
+def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, capsys):
+    """`tune --gpus all` with two GPUs (faked here: the workers run in the interpreter): two
+    workers share the database, both finish, no config is measured twice."""
+    import torch
+
+    from fa_autotune import cli as cli_module
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = cli_module.main(["tune", "--gpus", "all", "--preset", "smoke", "--trials", "3", "--jobs", "2", "--seed", "4",
+                            "--db", db_url])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Tuning with 2 workers (GPUs 0, 1)" in out and "--- GPU 0 (exit 0) ---" in out and "--- GPU 1 (exit 0) ---" in out
+    hashes = [r[0] for r in measurements(db_url) if r[2] == "search"]
+    assert len(set(hashes)) >= 3 and len(hashes) == len(set(hashes))
+
+
+@pytest.mark.parametrize("spec, message", [("all", "shows none"), ("0,0", "each GPU once"), ("x", "GPU ids")])
+def test_gpus_refuses_what_it_cannot_run(env, db_url, spec, message):
+    result = cli("tune", "--gpus", spec, "--db", db_url, env=env, check=False)
+    assert result.returncode == 2 and message in result.stderr
