@@ -50,7 +50,7 @@ def run_sdpa(backend, q, k, v):
 
 
 def plan_call(cfg, q, kc, vc, lens, bt, out):
-    plan = DecodePlan(cfg, q, kc, vc, None, None, out, None, True, bt, resolve_scale(None, D), False)
+    plan = DecodePlan(cfg, q, kc, vc, None, None, out, None, bt, resolve_scale(None, D), False)
     return lambda: plan(q, kc, vc, None, None, lens, bt, 0, out, None)
 
 

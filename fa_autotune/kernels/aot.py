@@ -114,7 +114,7 @@ def decode_example(config: KernelConfig, problem: Problem, device: torch.device 
     new = (problem.batch, 1, problem.heads_kv, problem.head_dim)
     k_new, v_new = (torch.empty(new, device=device, dtype=dtype) if append else None for _ in range(2))
     lengths = torch.empty((problem.batch,), device=device, dtype=torch.int32)
-    plan = DecodePlan(config, q, k_cache, v_cache, k_new, v_new, torch.empty_like(q), None, True, table,
+    plan = DecodePlan(config, q, k_cache, v_cache, k_new, v_new, torch.empty_like(q), None, table,
                       resolve_scale(None, problem.head_dim), problem.causal)
     return DecodeExample(plan, (q, k_cache, v_cache, k_new, v_new, lengths, table, 0, torch.empty_like(q), None))
 

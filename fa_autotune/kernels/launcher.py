@@ -279,7 +279,7 @@ class DecodePlan:
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: torch.Tensor | None, v_new: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
-                 seqlens: bool, block_table: torch.Tensor | None, scale: float, causal: bool) -> None:
+                 block_table: torch.Tensor | None, scale: float, causal: bool) -> None:
         if config.loop_order != "decode":
             raise ConfigError("loop_order", f"{config.name} is not a KV-cache kernel; use loop_order='decode'")
         module = load_module(config)

@@ -22,6 +22,7 @@ from ..kernels.launcher import DecodePlan, check_interpretable, explain_launch_f
 from ..spec.config import MAX_SPLITS, KernelConfig
 from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable
+from .api import _refuse_grad
 from .dispatch import DISPATCHER, gpu_of
 
 _PLANS: dict[tuple, DecodePlan] = {}
@@ -111,8 +112,7 @@ def attention_with_kvcache(
         plan = _PLANS.get(key)
         try:
             if plan is None:
-                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, tensor_lengths is not None,
-                                  block_table, scale, causal)
+                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, block_table, scale, causal)
                 with _PLANS_LOCK:
                     if len(_PLANS) >= _MAX_PLANS:
                         _PLANS.clear()
@@ -139,12 +139,6 @@ def _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, 
         raise InputError(f"window_size={tuple(window_size)}: sliding-window attention is not supported; use (-1, -1)")
     if softcap:
         raise InputError(f"softcap={softcap}: score soft-capping is not supported; use 0.0")
-
-
-def _refuse_grad(*tensors) -> None:
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
-        raise InputError("inputs require grad, but attention_with_kvcache has no backward: call it under "
-                         "torch.no_grad() / torch.inference_mode()")
 
 
 def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> tuple[Problem, int]:

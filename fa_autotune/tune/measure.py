@@ -76,7 +76,7 @@ def _explained(config: KernelConfig, fn: Callable[[], object]) -> Callable[[], o
 
 def _decode_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, out) -> Callable[[], object]:
     """One KV-cache attention step of ``inputs`` (lengths read on the device), as a call."""
-    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, True, inputs.block_table,
+    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, inputs.block_table,
                       resolve_scale(None, problem.head_dim), problem.causal)
     q, k, v, lengths, table = inputs.q, inputs.k, inputs.v, inputs.lengths, inputs.block_table
     return _explained(config, lambda: plan(q, k, v, None, None, lengths, table, 0, out, None))

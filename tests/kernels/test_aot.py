@@ -236,7 +236,7 @@ DECODE_CASES = [
 def test_decode_variants_compile_for_hopper(problem, changes):
     """KV-cache kernels (attend, combine when split, append) compile for sm_90 with their
     K/V tiles loaded asynchronously (cp.async), paged or not, and fit in shared memory."""
-    from fa_autotune.kernels.aot import compile_variant, decode_example
+    from fa_autotune.kernels.aot import decode_example
 
     config = KernelConfig(loop_order="decode", BLOCK_M=changes.pop("BLOCK_M", 16), **changes)
     (result,) = compile_many([config], problem, jobs=1)
