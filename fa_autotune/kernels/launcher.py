@@ -373,8 +373,10 @@ class BackwardPlan:
                           {"num_warps": 4})
         self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv), _BWD_DKDV,
                            scalars, flags, options)
-        self.dq = None if config.dq_atomic else Launch(module.KERNELS["dq"], (q_tiles, batch * heads), _BWD_DQ,
-                                                        scalars, flags, options)
+        dq_m, _, dq_warps, dq_stages = config.dq_pass()
+        self.dq = None if config.dq_atomic else Launch(
+            module.KERNELS["dq"], (triton.cdiv(n_q, dq_m), batch * heads), _BWD_DQ, scalars, flags,
+            {**options, "num_warps": dq_warps, "num_stages": dq_stages})
         self.rows = batch * heads * n_q
         self.acc_shape = (batch, heads, n_q, flags["HEAD_DIM_PAD"]) if config.dq_atomic else None
         self.head_dim = head_dim
@@ -386,12 +388,40 @@ class BackwardPlan:
         return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, None)),
                 (self.dq, (q, k, v, dout, lse, delta, dq))]
 
-    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False) -> list:
+    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False, concurrent: bool = True) -> list:
+        """Run the passes; on a GPU the dQ pass runs on a side stream next to the dK/dV pass
+        (both only read what the preprocess wrote), so each fills the SMs the other leaves
+        idle, as one fused launch would, yet each keeps its own warps. CUDA-graph safe: the
+        side stream forks from and joins the caller's stream."""
         acc = None if self.acc_shape is None else torch.zeros(self.acc_shape, device=q.device, dtype=torch.float32)
-        compiled = [launch(*args, warmup=warmup) for launch, args in self.calls(q, k, v, out, dout, lse, dq, dk, dv, acc)]
+        calls = self.calls(q, k, v, out, dout, lse, dq, dk, dv, acc)
+        if warmup or not concurrent or self.dq is None or q.device.type != "cuda":
+            compiled = [launch(*args, warmup=warmup) for launch, args in calls]
+        else:
+            (pre, pre_args), (dkdv, dkdv_args), (dq_pass, dq_args) = calls
+            main = torch.cuda.current_stream(q.device)
+            side = _side_stream(q.device)
+            compiled = [pre(*pre_args)]
+            side.wait_stream(main)
+            compiled.append(dkdv(*dkdv_args))
+            with torch.cuda.stream(side):
+                compiled.append(dq_pass(*dq_args))
+            main.wait_stream(side)
         if acc is not None and not warmup:
             dq.copy_(acc[..., :self.head_dim])
         return compiled
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """One side stream per GPU for the backward's dQ pass (created on first use)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _SIDE_STREAMS.get(index)
+    if stream is None:
+        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
 
 
 # ------------------------------------------------------------------ TMA scratch

@@ -40,7 +40,12 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False, "dq_atomic": False}
+                      "overlap": True, "pingpong": False, "one_loop": False, "dq_atomic": False,
+                      "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
+# The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
+# passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
+# tiles for dQ, the transpose for dK/dV).
+DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop")
 
@@ -88,6 +93,12 @@ class KernelConfig:
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
+    # Backward, dQ in its own pass: that pass's BLOCK_M (query rows per program), BLOCK_N (K/V
+    # rows per step), num_warps and num_stages; 0 keeps the dK/dV pass's value.
+    dq_block_m: int = 0
+    dq_block_n: int = 0
+    dq_warps: int = 0
+    dq_stages: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -114,6 +125,10 @@ class KernelConfig:
         except (ConfigError, ValueError, TypeError):
             return None
 
+    def dq_pass(self) -> tuple[int, int, int, int]:
+        """The backward's dQ pass as (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+        return tuple(getattr(self, f) or getattr(self, base) for f, base in DQ_FIELDS.items())  # type: ignore[return-value]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -136,8 +151,10 @@ class KernelConfig:
         if self.loop_order == "decode":
             return self._decode_name()
         if self.loop_order == "backward":
+            dq = "_dq{}x{}w{}s{}".format(*self.dq_pass()) if any(getattr(self, f) for f in DQ_FIELDS) else ""
             return f"attn_bwd_m{self.BLOCK_M}n{self.BLOCK_N}_w{self.num_warps}s{self.num_stages}_" + (
-                "cband" if self.causal_mode == "split" else "cmask") + ("_dqatomic" if self.dq_atomic else "")
+                "cband" if self.causal_mode == "split" else "cmask") + (
+                "_dqatomic" if self.dq_atomic else dq)
         loop = {"q_outer": "qouter", "kv_outer": "kvouter", "split_kv": "splitkv"}[self.loop_order]
         access = {"pointer": "ptr", "block_ptr": "blk", "tensor_desc": "tma"}[self.access]
         parts = [
@@ -284,6 +301,13 @@ def _validate_backward(cfg: KernelConfig) -> None:
         raise ConfigError("dq_atomic", f"expected true or false, got {cfg.dq_atomic!r}")
     if cfg.dq_atomic and cfg.loop_order != "backward":
         raise ConfigError("dq_atomic", "only loop_order='backward' accumulates dQ; use false")
+    allowed = {"dq_block_m": POW2_BLOCKS[:-1], "dq_block_n": POW2_BLOCKS[:-1], "dq_warps": WARPS, "dq_stages": STAGES}
+    for name, values in allowed.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or (value and value not in values):
+            raise ConfigError(name, f"expected 0 (the dK/dV pass's value) or one of {list(values)}, got {value!r}")
+        if value and (cfg.loop_order != "backward" or cfg.dq_atomic):
+            raise ConfigError(name, "only a backward with dQ in its own pass (dq_atomic=false) has a dQ pass; use 0")
 
 
 def _validate_language(cfg: KernelConfig) -> None:

@@ -95,13 +95,18 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
 
 
 def backward_default(problem: Problem, capability: tuple[int, int] | None = None) -> KernelConfig:
-    """The backward kernels' tiles: 64 x 64 with 4 warps (dK and dV accumulators of 64 rows
-    stay in registers up to D=128), 32-row tiles past D=128; 16 x 16 in the interpreter.
-    Not tuned yet."""
+    """The backward kernels' tiles from an H200 sweep (benchmarks/results/2026-12-01-h200-bwd-sweep.md):
+    dK/dV keeps 64 K/V rows against 64 streamed query rows at D=128 (2 stages; 128 against 32
+    with 3 stages at D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows
+    with 8 warps and 3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
     if capability is None:
         return KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    block = 64 if problem.head_dim_pad <= 128 else 32
-    return KernelConfig(loop_order="backward", BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2)
+    if problem.head_dim_pad > 128:
+        return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+    dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
+    if problem.head_dim_pad <= 64:
+        return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **dq)
+    return KernelConfig(loop_order="backward", BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **dq)
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:

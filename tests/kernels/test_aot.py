@@ -266,7 +266,9 @@ def test_decode_paged_kernel_pipelines_its_tile_loads():
      dict(BLOCK_M=32, BLOCK_N=64, causal_mode="masked", num_stages=3)),
     (Problem(1, 8, 8, 512, 512, 256, "bfloat16"), dict(BLOCK_M=32, BLOCK_N=32, num_stages=2)),
     (Problem(2, 16, 4, 2048, 2048, 128, "float16", causal=True), dict(BLOCK_M=64, BLOCK_N=64, dq_atomic=True)),
-], ids=["d128-gqa-causal", "d80-bottom-right", "d256", "d128-atomic-dq"])
+    (Problem(4, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),  # the H200 default at D=64
+     dict(BLOCK_M=32, BLOCK_N=128, num_stages=3, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)),
+], ids=["d128-gqa-causal", "d80-bottom-right", "d256", "d128-atomic-dq", "d64-own-dq-pass"])
 def test_backward_variants_compile_for_hopper(problem, changes):
     """The three backward kernels compile for sm_90 and fit; 64 x 64 tiles use wgmma (a dot of
     fewer than a warpgroup's 64 rows gets mma.sync)."""

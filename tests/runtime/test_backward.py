@@ -73,14 +73,18 @@ def test_fp16_flash_attn_layout_scale_and_lse(device):
         assert rel(t.grad, w) <= max(2 * rel(h, w), 2e-3)
 
 
-@pytest.mark.parametrize("causal_mode, dq_atomic", [("split", False), ("masked", False), ("split", True)])
-def test_masking_modes_and_atomic_dq_of_the_backward_template(causal_mode, dq_atomic, device):
+@pytest.mark.parametrize("causal_mode, dq_atomic, dq_pass", [
+    ("split", False, {}), ("masked", False, {}), ("split", True, {}),
+    ("split", False, dict(dq_block_m=32, dq_block_n=16)),  # the dQ pass on its own tiles (transposed)
+    ("masked", False, dict(dq_block_m=16, dq_block_n=16, dq_warps=2, dq_stages=2)),
+])
+def test_masking_modes_and_atomic_dq_of_the_backward_template(causal_mode, dq_atomic, dq_pass, device):
     q = torch.randn(1, 4, 40, 32, device=device)  # GQA 2:1, so dK/dV sum over two query heads
     k, v = (torch.randn(1, 2, 56, 32, device=device) for _ in range(2))
     dout = torch.randn_like(q)
     out, lse = fa_autotune.attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
     config = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=32, num_stages=1, causal_mode=causal_mode,
-                          dq_atomic=dq_atomic)
+                          dq_atomic=dq_atomic, **dq_pass)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, 32 ** -0.5, 56 - 40, True)(q, k, v, out, dout, lse, dq, dk, dv)
     want = grads(reference, q, k, v, dout, causal=True, causal_align="bottom_right")
@@ -157,3 +161,40 @@ def test_gpu_gradients_within_twice_pytorch_error(case, dtype):
     for name, a, w, p in zip("qkv", ours, exact, same_precision):
         assert torch.isfinite(a).all(), f"d{name} has NaN/Inf"
         assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_backward_passes_on_two_streams_match_serial_and_cuda_graphs():
+    """The dQ pass runs on a side stream next to dK/dV: same bits as running them one after
+    the other, and a captured CUDA graph replays it (fork and join inside the capture)."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = fa_autotune.attention(q, k, v, causal=True, return_lse=True)
+    config = KernelConfig(loop_order="backward", BLOCK_M=64, BLOCK_N=64, num_stages=2, dq_block_m=128, dq_warps=8)
+    results = []
+    for concurrent in (False, True):
+        got = [torch.empty_like(t) for t in (q, k, v)]
+        plan = BackwardPlan(config, q, k, v, out, dout, *got, 128 ** -0.5, 0, True)
+        plan(q, k, v, out, dout, lse, *got, concurrent=concurrent)
+        results.append(got)
+    torch.cuda.synchronize()
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    eager = attention_backward(q, k, v, out, lse, dout, causal=True)
+    static_dout = dout.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture, as CUDA graphs require
+        attention_backward(q, k, v, out, lse, static_dout, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attention_backward(q, k, v, out, lse, static_dout, causal=True)
+    static_dout.copy_(dout * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.allclose(a.float(), 2 * b.float(), rtol=2e-2, atol=2e-2)

@@ -2,9 +2,13 @@
 attention and with SDPA gives the same loss curve (fp32 in Triton's interpreter)."""
 from __future__ import annotations
 
+import contextlib
+import statistics
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fa_autotune
 
@@ -32,20 +36,25 @@ class Block(torch.nn.Module):
 
 
 def train(use_ours: bool, steps: int = 15, device: str = "cpu", dim: int = 64, heads: int = 4, kv_heads: int = 2,
-          layers: int = 2, tokens: int = 25, batch: int = 4, dtype: torch.dtype = torch.float32) -> list[float]:
+          layers: int = 2, tokens: int = 25, batch: int = 4, dtype: torch.dtype = torch.float32, lr: float = 3e-3,
+          autocast: torch.dtype | None = None, sdpa_backend=None) -> list[float]:
+    """Loss per step of a `layers`-block GPT from seed 0; `autocast` runs it in mixed precision
+    (fp32 weights, as models are trained), `sdpa_backend` pins SDPA's kernel."""
     torch.manual_seed(0)
     vocab = 64
     embed = torch.nn.Embedding(vocab, dim)
     blocks = torch.nn.Sequential(*(Block(dim, heads, kv_heads, use_ours) for _ in range(layers)))
     head = torch.nn.Linear(dim, vocab)
     model = torch.nn.ModuleList([embed, blocks, head]).to(device=device, dtype=dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     data = torch.randint(0, vocab, (batch, tokens), generator=torch.Generator().manual_seed(1)).to(device)
     # A learnable pattern: every token repeats the one 3 back, so attention matters.
     data[:, 3:] = data[:, :-3].clone()
     losses = []
     for _ in range(steps):
-        logits = head(blocks(embed(data[:, :-1]))).float()
+        with torch.autocast(device, dtype=autocast or torch.float32, enabled=autocast is not None), \
+                (sdpa_kernel(sdpa_backend) if sdpa_backend else contextlib.nullcontext()):
+            logits = head(blocks(embed(data[:, :-1]))).float()
         loss = F.cross_entropy(logits.reshape(-1, vocab), data[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
@@ -60,13 +69,31 @@ def test_tiny_gpt_trains_like_sdpa(device):
     assert max(abs(a - b) for a, b in zip(ours, sdpa)) < 1e-3, (ours, sdpa)
 
 
+def compare_curves(ours: list[float], ref: list[float], other: list[float], early: int = 30) -> dict[str, float]:
+    """What "same training within bf16 noise" means here. Early on, before the loss is small
+    enough for bf16 rounding to send runs apart, the largest relative gap of ours to the
+    reference against that of `other` (a second same-precision kernel, the noise floor);
+    at the end, the median loss of the last 20 steps (single spikes come and go in every run).
+    The early gaps measured on an H200: ours 0.042 and 0.004 against SDPA flash's 0.040 and 0.022."""
+    gap = lambda a, b: max(abs(x - y) / y for x, y in zip(a[:early], b[:early]))  # noqa: E731
+    tail = lambda c: statistics.median(c[-20:])  # noqa: E731
+    return dict(early_gap=gap(ours, ref), early_noise=gap(other, ref), first=ref[0], end=tail(ours),
+                end_ref=tail(ref), end_other=tail(other))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_gpt_trains_like_sdpa_in_bf16():
-    """A realistic width in bf16 (4 layers, 512 wide, 8/2 heads of 64, 512 tokens): after
-    60 steps both curves have learned and stay within bf16 noise of each other."""
-    kwargs = dict(steps=60, device="cuda", dim=512, heads=8, kv_heads=2, layers=4, tokens=513, batch=8,
-                  dtype=torch.bfloat16)
-    ours, sdpa = train(True, **kwargs), train(False, **kwargs)
-    assert ours[-1] < 0.5 * ours[0] and sdpa[-1] < 0.5 * sdpa[0]
-    assert max(abs(a - b) / b for a, b in zip(ours, sdpa)) < 0.05, (ours, sdpa)
+    """A realistic width in mixed precision (fp32 weights, bf16 autocast; 4 layers, 512 wide,
+    8/2 heads of 64, 512 tokens, 200 steps) trained with ours and with SDPA's cuDNN and
+    flash kernels: ours tracks cuDNN as closely as flash does, and learns as they do."""
+    kwargs = dict(steps=200, device="cuda", dim=512, heads=8, kv_heads=2, layers=4, tokens=513, batch=8,
+                  lr=1e-3, autocast=torch.bfloat16)
+    ours = train(True, **kwargs)
+    cudnn = train(False, sdpa_backend=SDPBackend.CUDNN_ATTENTION, **kwargs)
+    flash = train(False, sdpa_backend=SDPBackend.FLASH_ATTENTION, **kwargs)
+    c = compare_curves(ours, cudnn, flash)
+    # all three learned (late in the run, bf16 runs part ways: SDPA's two kernels ended at
+    # 0.054 and 0.044 in one H200 run, 0.157 and 0.05 in another)
+    assert max(c["end"], c["end_ref"], c["end_other"]) < 0.1 * c["first"], c
+    assert c["early_gap"] <= max(2 * c["early_noise"], 0.01), c

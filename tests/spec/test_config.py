@@ -91,3 +91,24 @@ def test_triton_configs_refuse_gluon_knobs():
                         ("one_loop", True)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(loop_order="q_outer", dq_block_m=64), "dq_block_m"),  # no dQ pass in a forward
+    (dict(dq_atomic=True, dq_warps=8), "dq_warps"),  # atomic dQ has no pass of its own
+    (dict(dq_block_n=48), "dq_block_n"),
+    (dict(dq_block_m=256), "dq_block_m"),
+    (dict(dq_stages=True), "dq_stages"),
+    (dict(dq_warps=3), "dq_warps"),
+])
+def test_backward_dq_pass_knobs_are_validated(changes, field):
+    with pytest.raises(ConfigError) as info:
+        KernelConfig.from_mapping(dict(dict(loop_order="backward", BLOCK_M=64, BLOCK_N=64), **changes))
+    assert info.value.parameter == field
+
+
+def test_backward_dq_pass_defaults_to_the_dkdv_pass_and_keeps_old_keys():
+    plain = KernelConfig(loop_order="backward", BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    assert plain.dq_pass() == (64, 64, 4, 2) and "dq_" not in plain.canonical_json()
+    tuned = plain.with_(dq_block_m=128, dq_warps=8)
+    assert tuned.dq_pass() == (128, 64, 8, 2) and tuned.name.endswith("_dq128x64w8s2") and tuned.key != plain.key

@@ -226,3 +226,6 @@ def test_backward_space_and_presets():
         grid = space.for_arch(arch).grid(problems[0])
         assert grid and all(c.loop_order == "backward" for c in grid)
         assert {c.dq_atomic for c in grid} == {False, True}
+        # the dQ pass has its own shape only where there is a dQ pass
+        assert all(c.dq_pass() == (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages) for c in grid if c.dq_atomic)
+        assert len({c.dq_pass() for c in grid if not c.dq_atomic}) > 1

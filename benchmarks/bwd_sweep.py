@@ -1,0 +1,164 @@
+"""The backward's kernels one at a time on the GPU: for each problem, every config of a grid is
+compiled (in parallel processes), checked against float32 autograd and its dK/dV pass and dQ
+pass timed separately, so the best tile of each pass shows on its own (the two passes may want
+different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
+
+Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14]
+Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
+best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import json
+import multiprocessing as mp
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# (batch, heads, kv_heads, seqlen, head_dim, causal): llm-prefill shapes (B * N = 16384)
+PROBLEMS = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True),
+            (4, 32, 32, 4096, 64, False), (4, 32, 32, 4096, 64, True)]
+TILES = [(32, 64), (32, 128), (64, 64), (64, 128), (128, 64), (128, 32), (64, 32)]
+
+
+def grid(quick: bool) -> list[dict]:
+    """Separate-dQ configs over tiles x warps x stages (both passes alike), atomic dQ, then
+    dK/dV shapes with the dQ pass at 128 x 64, 8 warps, 3 stages."""
+    stages = (2, 3) if quick else (1, 2, 3, 4)
+    out = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+           for (m, n), w, s in itertools.product(TILES, (4, 8), stages)]
+    for (m, n), w, s in itertools.product([(32, 128), (64, 128), (64, 64)], (4, 8), (2, 3)):
+        out.append(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, dq_atomic=True))
+    for (m, n), w, s in itertools.product([(64, 64), (128, 64), (32, 128), (64, 128)], (4, 8), (2, 3)):
+        out.append(dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, dq_block_m=128, dq_block_n=64, dq_warps=8,
+                        dq_stages=3))
+    return out
+
+
+def inputs(problem, seed: int = 0):
+    b, h, hkv, n, d, causal = problem
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    dout = torch.randn_like(q)
+    return q, k, v, dout
+
+
+def plan_for(config_kw: dict, problem, tensors):
+    import fa_autotune
+    from fa_autotune.kernels.launcher import BackwardPlan
+    from fa_autotune.spec.config import KernelConfig
+    q, k, v, dout = tensors
+    causal = problem[5]
+    out, lse = fa_autotune.attention(q, k, v, causal=causal, return_lse=True)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    cfg = KernelConfig(loop_order="backward", **config_kw)
+    plan = BackwardPlan(cfg, q, k, v, out, dout, *grads, q.shape[-1] ** -0.5, 0, causal)
+    return cfg, plan, (q, k, v, out, dout, lse, *grads)
+
+
+def compile_one(args) -> tuple[int, str | None]:
+    """In a worker process: compile every kernel of one config (fills Triton's cache)."""
+    index, config_kw, problem = args
+    try:
+        _, plan, call = plan_for(config_kw, problem, inputs(problem))
+        plan(*call, warmup=True)
+        return index, None
+    except Exception as exc:  # a config that does not compile: reported, not fatal
+        return index, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def reference(q, k, v, dout, causal: bool, dtype):
+    qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=True)
+    out.backward(dout.to(dtype))
+    return qq.grad, kk.grad, vv.grad
+
+
+def cudnn_ms(q, k, v, dout, causal: bool) -> float:
+    from fa_autotune.tune.measure import time_callable
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=True)
+    return time_callable(lambda: torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)).median_ms
+
+
+def main() -> None:
+    from fa_autotune.tune.measure import time_callable
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true", help="stages 2 and 3 only")
+    parser.add_argument("--jobs", type=int, default=14)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    configs = grid(args.quick)
+    started = time.time()
+    work = [(i, c, p) for p in PROBLEMS for i, c in enumerate(configs)]
+    errors: dict[tuple, str] = {}
+    with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        for (i, _, p), (_, err) in zip(work, pool.map(compile_one, work)):
+            if err:
+                errors[(i, p)] = err
+    print(f"compiled {len(work)} in {time.time() - started:.0f} s, {len(errors)} failed", flush=True)
+    rows = []
+    for problem in PROBLEMS:
+        b, h, hkv, n, d, causal = problem
+        tensors = inputs(problem)
+        exact = reference(*tensors, causal, torch.float32)
+        same = reference(*tensors, causal, torch.bfloat16)
+        bound = [2 * rel(p, w) + 1e-4 for p, w in zip(same, exact)]
+        flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+        base = cudnn_ms(*tensors, causal)
+        print(f"\n{problem}: cuDNN backward {base:.3f} ms ({flops / base * 1e-9:.0f} TFLOPS)", flush=True)
+        for i, kw in enumerate(configs):
+            row = dict(problem=list(problem), config=kw, cudnn_ms=base)
+            if (i, problem) in errors:
+                rows.append({**row, "error": errors[(i, problem)]})
+                continue
+            try:
+                cfg, plan, call = plan_for(kw, problem, tensors)
+                plan(*call)
+                torch.cuda.synchronize()
+                err = [rel(a, w) for a, w in zip(call[-3:], exact)]
+                row.update(name=cfg.name, ok=all(e <= bd for e, bd in zip(err, bound)), err=err)
+                calls = plan.calls(*call, acc=None if plan.acc_shape is None else
+                                   torch.zeros(plan.acc_shape, device="cuda", dtype=torch.float32))
+                for part, (launch, targs) in zip(("pre", "dkdv", "dq"), calls):
+                    row[f"{part}_ms"] = time_callable(lambda: launch(*targs), warmup_ms=10, rep_ms=40).median_ms
+                row["total_ms"] = time_callable(lambda: plan(*call), warmup_ms=10, rep_ms=40).median_ms
+                if plan.dq is not None:  # the passes one after the other instead of side by side
+                    row["serial_ms"] = time_callable(lambda: plan(*call, concurrent=False), warmup_ms=10,
+                                                     rep_ms=40).median_ms
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            rows.append(row)
+        mine = [r for r in rows if r["problem"] == list(problem) and r.get("ok")]
+        for part in ("dkdv", "dq", "total", "serial"):
+            best = sorted((r for r in mine if f"{part}_ms" in r), key=lambda r: r[f"{part}_ms"])[:4]
+            print(f"  best {part}: " + "; ".join(f"{r['name']} {r[f'{part}_ms']:.3f}" for r in best))
+        if mine:
+            top = min(mine, key=lambda r: r["total_ms"])
+            print(f"  best whole: {top['name']} {top['total_ms']:.3f} ms = {flops / top['total_ms'] * 1e-9:.0f} TFLOPS "
+                  f"= {base / top['total_ms']:.3f}x cuDNN", flush=True)
+        bad = [r["name"] for r in rows if r["problem"] == list(problem) and r.get("ok") is False]
+        if bad:
+            print(f"  outside the error bound: {bad}")
+    meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, python=platform.python_version())
+    (args.out / "bwd_sweep.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
