@@ -164,20 +164,28 @@ def _gpu_ids(spec: str, count: int) -> list[int]:
 def _tune_on_gpus(args: argparse.Namespace) -> int:
     """One `tune` worker per GPU, each pinned with CUDA_VISIBLE_DEVICES, all on one database:
     they share each problem's Optuna study and claim configs, so no config is measured
-    twice; the compile processes of the host are split between them. Progress is the
-    database's measurement count; the summary is each worker's."""
+    twice; the compile processes of the host are split between them. One progress display
+    for all of them, read from the database; each worker's summary at the end."""
     import os
     import subprocess
+    import threading
+    import time
 
     import torch
 
     from .paths import default_db_url
-    from .store import connect, safe_url
-    from .tune.search import TuneOptions
+    from .store import connect, queries, safe_url
+    from .tune.progress import WorkersProgress
+    from .tune.search import TuneOptions, target_trials
 
     ids = _gpu_ids(args.gpus, torch.cuda.device_count())
+    space = load_space(args.space)
+    gpu = detect_gpu()
+    problems = _tune_problems(args, space, gpu)
+    _check_tunable(problems, gpu)
     url = args.db or default_db_url()
-    connect(url).optuna_storage()  # the schema, once, before the workers start
+    db = connect(url)
+    db.optuna_storage()  # the schema, once, before the workers start
     base = _without_flag(args.argv, "--gpus")
     jobs = max(1, (args.jobs or TuneOptions().jobs) // len(ids))
     workers = []
@@ -188,11 +196,29 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu_id))
         workers.append((gpu_id, subprocess.Popen([sys.executable, "-m", "fa_autotune", *argv], env=env,
                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-    print(f"Tuning with {len(ids)} workers (GPUs {', '.join(map(str, ids))}) on {safe_url(url)}", flush=True)
-    outputs = {gpu_id: proc.communicate()[0] for gpu_id, proc in workers}
+    print(f"Tuning {len(problems)} problem(s) with {len(ids)} worker(s) (GPUs {', '.join(map(str, ids))}) on "
+          f"{safe_url(url)}", flush=True)
+    outputs: dict[int, str] = {}
+    readers = [threading.Thread(target=lambda g=gpu_id, p=proc: outputs.__setitem__(g, p.stdout.read()), daemon=True)
+               for gpu_id, proc in workers]
+    for reader in readers:
+        reader.start()
+    # configs per problem (a problem whose space holds fewer ends early); open-ended for a
+    # grid search without --trials
+    target = None if args.sampler == "grid" and not args.trials else target_trials(
+        TuneOptions(trials=args.trials, sampler=args.sampler), gpu.is_interpreter, sys.maxsize)
+    keys = [p.key for p in problems]
+    with WorkersProgress(keys, target, len(ids)) as progress:
+        while any(proc.poll() is None for _, proc in workers):
+            time.sleep(1.0)
+            progress.update(queries.live(db, gpu.name, keys))
+        line = progress.update(queries.live(db, gpu.name, keys))
+    for reader in readers:
+        reader.join()
+    print(f"Done: {line}")
     for gpu_id, proc in workers:
         print(f"--- GPU {gpu_id} (exit {proc.returncode}) ---")
-        print(outputs[gpu_id].rstrip())
+        print(outputs.get(gpu_id, "").rstrip())
     return max(proc.returncode for _, proc in workers)
 
 

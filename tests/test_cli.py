@@ -1,10 +1,12 @@
 """The command line as a user runs it: separate processes, a temporary SQLite database."""
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -37,15 +39,16 @@ def db_url(tmp_path):
 
 
 def measurements(db_url):
-    """(config hash, status, phase) of every measurement, in insertion order (any backend)."""
+    """(config hash, status, phase, problem key) of every measurement, in insertion order (any
+    backend). A config may be measured once per problem: key duplicates on (problem, hash)."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(db_url)
     try:
         with engine.connect() as conn:
             return [tuple(r) for r in conn.execute(text(
-                "SELECT c.hash, m.status, m.phase FROM fa_measurements m "
-                "JOIN fa_configs c ON c.id = m.config_id ORDER BY m.id"))]
+                "SELECT c.hash, m.status, m.phase, p.key FROM fa_measurements m "
+                "JOIN fa_configs c ON c.id = m.config_id JOIN fa_problems p ON p.id = m.problem_id ORDER BY m.id"))]
     finally:
         engine.dispose()
 
@@ -401,8 +404,8 @@ def test_two_tunes_at_once_one_killed_the_other_finishes(env, shared_url):
     cli(*args, "--seed", "1", env=env)
     after = measurements(shared_url)
     assert after[:len(before)] == before  # nothing lost or rewritten
-    hashes = [r[0] for r in after if r[2] == "search"]
-    assert len(set(hashes)) >= 4 and len(hashes) - len(set(hashes)) <= 1
+    pairs = [(r[3], r[0]) for r in after if r[2] == "search"]  # two problems: a config once per problem
+    assert len(set(pairs)) >= 4 and len(pairs) - len(set(pairs)) <= 1
 
 
 def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, capsys):
@@ -419,9 +422,15 @@ def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, 
                             "--db", db_url])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "Tuning with 2 workers (GPUs 0, 1)" in out and "--- GPU 0 (exit 0) ---" in out and "--- GPU 1 (exit 0) ---" in out
-    hashes = [r[0] for r in measurements(db_url) if r[2] == "search"]
-    assert len(set(hashes)) >= 3 and len(hashes) == len(set(hashes))
+    assert "with 2 worker(s) (GPUs 0, 1)" in out and "--- GPU 0 (exit 0) ---" in out and "--- GPU 1 (exit 0) ---" in out
+    pairs = [(r[3], r[0]) for r in measurements(db_url) if r[2] == "search"]  # smoke: two problems
+    assert len(set(pairs)) >= 3 and len(pairs) == len(set(pairs))
+    # one combined count for both workers, read from the database: every search trial counted once
+    done = re.search(r"Done: (\d+)/(\d+) configs measured by 2 workers, (\d+)/(\d+) problems searched", out)
+    assert done, out
+    assert int(done[2]) == 3 * int(done[4]) and done[3] == done[4]
+    per_problem = collections.Counter(problem for problem, _ in pairs)
+    assert int(done[1]) == sum(min(n, 3) for n in per_problem.values())
 
 
 @pytest.mark.parametrize("spec, message", [("all", "shows none"), ("0,0", "each GPU once"), ("x", "GPU ids")])

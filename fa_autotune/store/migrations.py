@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..errors import DatabaseError
 from . import models
 
+
 def _add_pareto_table(conn: Connection) -> None:
     """Version 2: FP8 tuning stores each problem's time/error Pareto front."""
     models.ParetoModel.__table__.create(conn, checkfirst=True)
@@ -32,10 +33,21 @@ def _add_kv_cache_columns(conn: Connection) -> None:
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {2: _add_pareto_table, 3: _add_kv_cache_columns}
 
 
+# PostgreSQL advisory lock key ("fa_auto") held while the schema is created or migrated.
+_SCHEMA_LOCK = 0x66615F6175746F
+
+
 def upgrade(engine: Engine) -> int:
-    """Bring the database to ``models.SCHEMA_VERSION``; returns the version found."""
+    """Bring the database to ``models.SCHEMA_VERSION``; returns the version found.
+
+    On PostgreSQL one process at a time (a transaction-scoped advisory lock): otherwise a
+    worker that looked before another committed the new schema would find the tables in
+    place a moment later and add a second version row (seen with four workers opening an
+    empty database at once). SQLite serializes writers itself; a loser retries."""
     target = models.SCHEMA_VERSION
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
         tables = set(inspect(conn).get_table_names())
         ours = {t for t in tables if t.startswith("fa_")}
         if "fa_schema_version" not in tables:

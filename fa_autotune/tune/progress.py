@@ -95,3 +95,50 @@ def summary_table(outcomes: list[ProblemOutcome], interpreter: bool) -> Table:
     for o in outcomes:
         table.add_row(*_cells(o, interpreter))
     return table
+
+
+class WorkersProgress:
+    """One display for the workers of `tune --gpus`: configs settled by all of them together
+    (read from the shared database, so it counts what any worker measured), problems done,
+    failed configs. Live on a terminal; in a log, a line whenever the count moved and at
+    least ``every`` seconds passed. ``target``: configs per problem (None: open-ended, a grid
+    search without --trials); a problem whose space holds fewer ends early."""
+
+    def __init__(self, problems: list[str], target: int | None, workers: int, console: Console | None = None,
+                 every: float = 30.0) -> None:
+        self.problems, self.target, self.workers, self.every = problems, target, workers, every
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("{task.fields[detail]}"), console=self.console)
+        self.task = None
+        self.printed_at = float("-inf")
+        self.last: tuple | None = None
+
+    def __enter__(self) -> "WorkersProgress":
+        if self.live:
+            self.progress.start()
+            total = None if self.target is None else self.target * len(self.problems)
+            self.task = self.progress.add_task(f"{self.workers} GPUs", total=total, detail="")
+        return self
+
+    def update(self, rows: list) -> str:
+        """Show ``rows`` (store.queries.LiveRow per problem); returns the line shown."""
+        cap = self.target if self.target is not None else float("inf")
+        done = sum(min(r.configs, cap) for r in rows)
+        searched = sum(r.configs >= cap for r in rows)
+        failed = sum(r.failed for r in rows)
+        of = "" if self.target is None else f"/{self.target * len(self.problems)}"
+        detail = f"{searched}/{len(self.problems)} problems searched" + (f", {failed} failed configs" if failed else "")
+        line = f"{done}{of} configs measured by {self.workers} worker{'s' if self.workers != 1 else ''}, {detail}"
+        if self.live:
+            self.progress.update(self.task, completed=done, detail=detail)
+        elif (done, failed) != self.last and time.monotonic() - self.printed_at >= self.every:
+            print(f"progress: {line}", file=self.console.file, flush=True)
+            self.printed_at = time.monotonic()
+        self.last = (done, failed)
+        return line
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self.progress.stop()

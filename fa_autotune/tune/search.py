@@ -79,6 +79,14 @@ class TuneOptions:
             raise FaAutotuneError("--time-budget must be positive")
 
 
+def target_trials(options: TuneOptions, interpreter: bool, grid_size: int) -> int:
+    """Distinct configs a problem's study settles before a run stops: --trials (40 on a GPU,
+    8 in the interpreter when not given), never more than the grid holds."""
+    if options.sampler == "grid":
+        return min(grid_size, options.trials or grid_size)
+    return min(options.trials or (8 if interpreter else 40), grid_size)
+
+
 @dataclass
 class ProblemOutcome:
     problem: Problem
@@ -219,10 +227,7 @@ class Tuner:
         return outcome
 
     def _target_trials(self, grid_size: int) -> int:
-        if self.options.sampler == "grid":
-            return min(grid_size, self.options.trials or grid_size)
-        wanted = self.options.trials or (8 if self.gpu.is_interpreter else 40)
-        return min(wanted, grid_size)
+        return target_trials(self.options, self.gpu.is_interpreter, grid_size)
 
     def _sampler(self):
         return make_sampler(self.options.sampler, self.options.seed)
