@@ -173,49 +173,80 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .errors import DatabaseError
     from .paths import default_db_url
     from .store import connect, queries, safe_url
     from .tune.progress import WorkersProgress
-    from .tune.search import TuneOptions, target_trials
+    from .tune.search import TuneOptions, settled, study_name, target_trials
 
     ids = _gpu_ids(args.gpus, torch.cuda.device_count())
     space = load_space(args.space)
-    gpu = detect_gpu()
+    gpu = detect_gpu(ids[0])
     problems = _tune_problems(args, space, gpu)
     _check_tunable(problems, gpu)
+    # what a worker would refuse, refused once here, before any starts
+    TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, max_error=args.max_error)
     url = args.db or default_db_url()
     db = connect(url)
-    db.optuna_storage()  # the schema, once, before the workers start
+    storage = db.optuna_storage()  # the schema, once, before the workers start
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [part.strip() for part in visible.split(",")] if visible else None  # --gpus ids index this mask
     base = _without_flag(args.argv, "--gpus")
     jobs = max(1, (args.jobs or TuneOptions().jobs) // len(ids))
     workers = []
-    for n, gpu_id in enumerate(ids):
-        argv = _without_flag(_without_flag(base, "--jobs"), "--db") + ["--db", url, "--jobs", str(jobs), "--quiet"]
-        if args.seed is not None:
-            argv = _without_flag(argv, "--seed") + ["--seed", str(args.seed + n)]
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu_id))
-        workers.append((gpu_id, subprocess.Popen([sys.executable, "-m", "fa_autotune", *argv], env=env,
-                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
-    print(f"Tuning {len(problems)} problem(s) with {len(ids)} worker(s) (GPUs {', '.join(map(str, ids))}) on "
-          f"{safe_url(url)}", flush=True)
-    outputs: dict[int, str] = {}
-    readers = [threading.Thread(target=lambda g=gpu_id, p=proc: outputs.__setitem__(g, p.stdout.read()), daemon=True)
-               for gpu_id, proc in workers]
-    for reader in readers:
-        reader.start()
-    # configs per problem (a problem whose space holds fewer ends early); open-ended for a
-    # grid search without --trials
-    target = None if args.sampler == "grid" and not args.trials else target_trials(
-        TuneOptions(trials=args.trials, sampler=args.sampler), gpu.is_interpreter, sys.maxsize)
-    keys = [p.key for p in problems]
-    with WorkersProgress(keys, target, len(ids)) as progress:
-        while any(proc.poll() is None for _, proc in workers):
-            time.sleep(1.0)
-            progress.update(queries.live(db, gpu.name, keys))
-        line = progress.update(queries.live(db, gpu.name, keys))
-    for reader in readers:
-        reader.join()
-    print(f"Done: {line}")
+    try:
+        for n, gpu_id in enumerate(ids):
+            argv = _without_flag(_without_flag(base, "--jobs"), "--db") + ["--db", url, "--jobs", str(jobs), "--quiet"]
+            if args.seed is not None:
+                argv = _without_flag(argv, "--seed") + ["--seed", str(args.seed + n)]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=physical[gpu_id] if physical else str(gpu_id))
+            workers.append((gpu_id, subprocess.Popen([sys.executable, "-m", "fa_autotune", *argv], env=env,
+                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                     errors="replace")))
+        print(f"Tuning {len(problems)} problem(s) with {len(ids)} worker(s) (GPUs {', '.join(map(str, ids))}) on "
+              f"{safe_url(url)}", flush=True)
+        outputs: dict[int, str] = {}
+        readers = [threading.Thread(target=lambda g=gpu_id, p=proc: outputs.__setitem__(g, p.stdout.read()),
+                                    daemon=True) for gpu_id, proc in workers]
+        for reader in readers:
+            reader.start()
+        # configs per problem (a problem whose space holds fewer ends early); open-ended for a
+        # grid search without --trials
+        target = None if args.sampler == "grid" and not args.trials else target_trials(
+            TuneOptions(trials=args.trials, sampler=args.sampler), gpu.is_interpreter, sys.maxsize)
+        studies = {p.key: study_name(args.study, gpu, space.for_arch(gpu.arch), p) for p in problems}
+        names = list(studies.values())
+
+        def poll(finished: bool = False) -> str | None:
+            try:
+                counts = settled(storage, names)
+                failed = sum(r.failed for r in queries.live(db, names))
+            except DatabaseError:  # busy or unreachable for a moment: the next poll shows it
+                return None
+            return progress.update({key: counts[name] for key, name in studies.items()}, failed, finished)
+
+        reported: set[int] = set()
+        with WorkersProgress(list(studies), target, len(ids)) as progress:
+            while any(proc.poll() is None for _, proc in workers):
+                time.sleep(1.0)
+                poll()
+                for gpu_id, proc in workers:
+                    if proc.returncode not in (None, 0) and gpu_id not in reported:
+                        reported.add(gpu_id)
+                        print(f"worker on GPU {gpu_id} exited with {proc.returncode}; the others go on",
+                              file=sys.stderr, flush=True)
+            line = poll(finished=all(proc.returncode == 0 for _, proc in workers))
+        for reader in readers:
+            reader.join()
+    finally:  # Ctrl-C (which the workers got too: they stop cleanly) or an error here: no
+        # worker is left running on its own
+        for _, proc in workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait()
+    print(f"Done: {line}" if line else "Done.")
     for gpu_id, proc in workers:
         print(f"--- GPU {gpu_id} (exit {proc.returncode}) ---")
         print(outputs.get(gpu_id, "").rstrip())

@@ -426,7 +426,7 @@ def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, 
     pairs = [(r[3], r[0]) for r in measurements(db_url) if r[2] == "search"]  # smoke: two problems
     assert len(set(pairs)) >= 3 and len(pairs) == len(set(pairs))
     # one combined count for both workers, read from the database: every search trial counted once
-    done = re.search(r"Done: (\d+)/(\d+) configs measured by 2 workers, (\d+)/(\d+) problems searched", out)
+    done = re.search(r"Done: (\d+)/(\d+) configs settled by 2 workers, (\d+)/(\d+) problems searched", out)
     assert done, out
     assert int(done[2]) == 3 * int(done[4]) and done[3] == done[4]
     per_problem = collections.Counter(problem for problem, _ in pairs)

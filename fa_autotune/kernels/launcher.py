@@ -399,28 +399,31 @@ class BackwardPlan:
             compiled = [launch(*args, warmup=warmup) for launch, args in calls]
         else:
             (pre, pre_args), (dkdv, dkdv_args), (dq_pass, dq_args) = calls
-            main = torch.cuda.current_stream(q.device)
-            side = _side_stream(q.device)
-            compiled = [pre(*pre_args)]
-            side.wait_stream(main)
-            compiled.append(dkdv(*dkdv_args))
-            with torch.cuda.stream(side):
-                compiled.append(dq_pass(*dq_args))
-            main.wait_stream(side)
+            with torch.cuda.device(q.device):  # launches go to the current device's streams
+                main = torch.cuda.current_stream()
+                side = _side_stream(main)
+                compiled = [pre(*pre_args)]
+                side.wait_stream(main)
+                compiled.append(dkdv(*dkdv_args))
+                with torch.cuda.stream(side):
+                    compiled.append(dq_pass(*dq_args))
+                main.wait_stream(side)
         if acc is not None and not warmup:
             dq.copy_(acc[..., :self.head_dim])
         return compiled
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}
 
 
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """One side stream per GPU for the backward's dQ pass (created on first use)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
+def _side_stream(main: "torch.cuda.Stream") -> "torch.cuda.Stream":
+    """The side stream of the backward's dQ pass for calls on stream ``main`` (created on
+    first use): one per caller stream, so a graph being captured on one stream never
+    receives another caller's eager launches."""
+    key = (main.device.index, main.cuda_stream)
+    stream = _SIDE_STREAMS.get(key)
     if stream is None:
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+        stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device=main.device)
     return stream
 
 

@@ -22,7 +22,7 @@ from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import check_config, check_fp8_scales, check_offsets, per_block, tma_compatible
 from ..kernels.launcher import (BackwardPlan, Prepared, allocate_outputs, check_interpretable,
                                 explain_launch_failure, prepare, resolve_scale, run, run_varlen, varlen_config)
-from ..spec.config import KernelConfig
+from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
@@ -124,9 +124,12 @@ def _backward_config(problem: Problem, q, deterministic: bool = False) -> Kernel
     """The dispatcher's backward config for ``problem`` (kind "bwd"); the built-in one when
     what it finds is not a backward kernel; its dQ in its own pass when ``deterministic``."""
     chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+    default = backward_default(problem, gpu_of(q.device.type, q.device.index or 0).capability_tuple)
     if chosen.loop_order != "backward":
-        chosen = backward_default(problem, gpu_of(q.device.type, q.device.index or 0).capability_tuple)
-    return chosen.with_(dq_atomic=False) if deterministic else chosen
+        chosen = default
+    if deterministic and chosen.dq_atomic:  # its own dQ pass, shaped as the built-in one
+        return chosen.with_(dq_atomic=False, **{f: default.dq_pass()[i] for i, f in enumerate(DQ_FIELDS)})
+    return chosen
 
 
 def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic):

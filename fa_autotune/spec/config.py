@@ -101,6 +101,10 @@ class KernelConfig:
     dq_stages: int = 0
 
     def __post_init__(self) -> None:
+        if self.loop_order == "backward":  # a dQ knob equal to the dK/dV pass's value is that value:
+            for name, base in DQ_FIELDS.items():  # one identity (key, name, grid point) per kernel
+                if getattr(self, name) == getattr(self, base) and not isinstance(getattr(self, name), bool):
+                    object.__setattr__(self, name, 0)
         _validate(self)
 
     @classmethod

@@ -130,7 +130,10 @@ def _schema_race_retried(create, attempts: int = 6):
             return create()
         except Exception as exc:
             message = str(exc).lower()
-            raced = any(sign in message for sign in ("already exists", "unique constraint failed", "duplicate key"))
+            raced = any(sign in message for sign in ("already exists", "unique constraint failed", "duplicate key",
+                                                     # SQLite commits DDL at once: another process may
+                                                     # see the tables before the version row
+                                                     "schema version table is empty", "but no schema version"))
             if not raced or attempt == attempts - 1:
                 raise
             time.sleep(0.1 * (attempt + 1))

@@ -43,7 +43,8 @@ def upgrade(engine: Engine) -> int:
     On PostgreSQL one process at a time (a transaction-scoped advisory lock): otherwise a
     worker that looked before another committed the new schema would find the tables in
     place a moment later and add a second version row (seen with four workers opening an
-    empty database at once). SQLite serializes writers itself; a loser retries."""
+    empty database at once). SQLite commits each CREATE TABLE at once, so a process may see
+    part of a schema another is still creating: the caller (store.db) retries those."""
     target = models.SCHEMA_VERSION
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":

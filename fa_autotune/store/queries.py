@@ -181,31 +181,30 @@ def coverage(db: Database, problems: list[Problem], filters: Filters = Filters()
 
 @dataclass(frozen=True)
 class LiveRow:
-    problem: str
+    study: str
     configs: int  # distinct configs measured in the search (failures included)
     failed: int  # of those, configs with no passing measurement
     best_ms: float | None
 
 
-def live(db: Database, gpu: str, problems: list[str]) -> list[LiveRow]:
-    """Where the searches of ``problems`` on GPU model ``gpu`` stand now, whoever measured
-    them: what `tune --gpus` shows while its workers share the database."""
-    stmt = (select(ProblemModel.key, MeasurementModel.config_id, MeasurementModel.status, MeasurementModel.median_ms)
-            .join(ProblemModel, MeasurementModel.problem_id == ProblemModel.id)
-            .join(GpuModel, MeasurementModel.gpu_id == GpuModel.id)
-            .where(GpuModel.name == gpu, ProblemModel.key.in_(problems), MeasurementModel.phase == "search"))
+def live(db: Database, studies: list[str]) -> list[LiveRow]:
+    """What the searches of ``studies`` have measured so far, whoever measured them (the
+    failures `tune --gpus` shows while its workers share the database)."""
+    stmt = (select(MeasurementModel.study_name, MeasurementModel.config_id, MeasurementModel.status,
+                   MeasurementModel.median_ms)
+            .where(MeasurementModel.study_name.in_(studies), MeasurementModel.phase == "search"))
     with db.session() as s:
         rows = s.execute(stmt).all()
     seen: dict[str, set] = {}
     passed: dict[str, set] = {}
     best: dict[str, float] = {}
-    for key, config_id, status, ms in rows:
-        seen.setdefault(key, set()).add(config_id)
+    for name, config_id, status, ms in rows:
+        seen.setdefault(name, set()).add(config_id)
         if status == "ok" and ms is not None:
-            passed.setdefault(key, set()).add(config_id)
-            best[key] = min(ms, best.get(key, ms))
-    return [LiveRow(k, len(seen.get(k, ())), len(seen.get(k, set()) - passed.get(k, set())), best.get(k))
-            for k in problems]
+            passed.setdefault(name, set()).add(config_id)
+            best[name] = min(ms, best.get(name, ms))
+    return [LiveRow(n, len(seen.get(n, ())), len(seen.get(n, set()) - passed.get(n, set())), best.get(n))
+            for n in studies]
 
 
 @dataclass(frozen=True)

@@ -98,11 +98,12 @@ def summary_table(outcomes: list[ProblemOutcome], interpreter: bool) -> Table:
 
 
 class WorkersProgress:
-    """One display for the workers of `tune --gpus`: configs settled by all of them together
-    (read from the shared database, so it counts what any worker measured), problems done,
-    failed configs. Live on a terminal; in a log, a line whenever the count moved and at
-    least ``every`` seconds passed. ``target``: configs per problem (None: open-ended, a grid
-    search without --trials); a problem whose space holds fewer ends early."""
+    """One display for the workers of `tune --gpus`: the configs their problems' studies have
+    settled (read from the shared database, so it counts what any worker did), problems
+    searched, failed configs. Live on a terminal; in a log, a line whenever the count moved
+    and at least ``every`` seconds passed since the last line. ``target``: configs per
+    problem (None: open-ended, a grid search without --trials); a problem whose space holds
+    fewer is counted searched once its workers have finished."""
 
     def __init__(self, problems: list[str], target: int | None, workers: int, console: Console | None = None,
                  every: float = 30.0) -> None:
@@ -113,7 +114,7 @@ class WorkersProgress:
                                  TimeElapsedColumn(), TextColumn("{task.fields[detail]}"), console=self.console)
         self.task = None
         self.printed_at = float("-inf")
-        self.last: tuple | None = None
+        self.printed: tuple | None = None
 
     def __enter__(self) -> "WorkersProgress":
         if self.live:
@@ -122,21 +123,20 @@ class WorkersProgress:
             self.task = self.progress.add_task(f"{self.workers} GPUs", total=total, detail="")
         return self
 
-    def update(self, rows: list) -> str:
-        """Show ``rows`` (store.queries.LiveRow per problem); returns the line shown."""
+    def update(self, settled: dict[str, int], failed: int, finished: bool = False) -> str:
+        """Show ``settled`` (distinct configs per problem) and ``failed`` configs; with
+        ``finished`` (every worker done) each problem counts as searched. Returns the line."""
         cap = self.target if self.target is not None else float("inf")
-        done = sum(min(r.configs, cap) for r in rows)
-        searched = sum(r.configs >= cap for r in rows)
-        failed = sum(r.failed for r in rows)
+        done = sum(min(settled.get(p, 0), cap) for p in self.problems)
+        searched = len(self.problems) if finished else sum(settled.get(p, 0) >= cap for p in self.problems)
         of = "" if self.target is None else f"/{self.target * len(self.problems)}"
         detail = f"{searched}/{len(self.problems)} problems searched" + (f", {failed} failed configs" if failed else "")
-        line = f"{done}{of} configs measured by {self.workers} worker{'s' if self.workers != 1 else ''}, {detail}"
+        line = f"{done}{of} configs settled by {self.workers} worker{'s' if self.workers != 1 else ''}, {detail}"
         if self.live:
             self.progress.update(self.task, completed=done, detail=detail)
-        elif (done, failed) != self.last and time.monotonic() - self.printed_at >= self.every:
+        elif (done, failed) != self.printed and time.monotonic() - self.printed_at >= self.every:
             print(f"progress: {line}", file=self.console.file, flush=True)
-            self.printed_at = time.monotonic()
-        self.last = (done, failed)
+            self.printed_at, self.printed = time.monotonic(), (done, failed)
         return line
 
     def __exit__(self, *exc) -> None:

@@ -552,8 +552,26 @@ def _abandon(pool: ProcessPoolExecutor) -> None:
 
 def _distinct(study) -> int:
     """Distinct configs the study has settled (repeats of one config count once)."""
-    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    return _distinct_of(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _distinct_of(finished) -> int:
     return len({t.user_attrs.get("config", t.number) for t in finished})
+
+
+def settled(storage, names: list[str]) -> dict[str, int]:
+    """Distinct configs each named study has settled, whichever run settled them (0 for a
+    study not created yet): the count a run stops at, read by `tune --gpus`'s display."""
+    out = {}
+    for name in names:
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            out[name] = 0
+            continue
+        out[name] = _distinct_of(storage.get_all_trials(study_id, deepcopy=False,
+                                                        states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    return out
 
 
 _OWNER = f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}:{os.getpid()}"

@@ -112,3 +112,6 @@ def test_backward_dq_pass_defaults_to_the_dkdv_pass_and_keeps_old_keys():
     assert plain.dq_pass() == (64, 64, 4, 2) and "dq_" not in plain.canonical_json()
     tuned = plain.with_(dq_block_m=128, dq_warps=8)
     assert tuned.dq_pass() == (128, 64, 8, 2) and tuned.name.endswith("_dq128x64w8s2") and tuned.key != plain.key
+    # a dQ knob equal to the dK/dV pass's value is that value: one identity per kernel
+    same = plain.with_(dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=2)
+    assert same == plain and same.key == plain.key and same.name == plain.name

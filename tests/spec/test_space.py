@@ -6,6 +6,7 @@ import pytest
 
 from fa_autotune.errors import SearchSpaceError
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.defaults import backward_default
 from fa_autotune.spec.space import Expression, PARAMETER_NAMES, PROBLEM_NAMES, load_space, parse_space
 
 NAMES = PARAMETER_NAMES + PROBLEM_NAMES
@@ -226,6 +227,9 @@ def test_backward_space_and_presets():
         grid = space.for_arch(arch).grid(problems[0])
         assert grid and all(c.loop_order == "backward" for c in grid)
         assert {c.dq_atomic for c in grid} == {False, True}
-        # the dQ pass has its own shape only where there is a dQ pass
-        assert all(c.dq_pass() == (c.BLOCK_M, c.BLOCK_N, c.num_warps, c.num_stages) for c in grid if c.dq_atomic)
+        # the dQ pass has its own shapes, and the built-in default is a point of the grid (so a
+        # re-tune measures the incumbent first)
         assert len({c.dq_pass() for c in grid if not c.dq_atomic}) > 1
+        capability = None if arch == "interpreter" else (9, 0)
+        for problem in (problems[0], Problem(1, 8, 8, 512, 512, 256, "bfloat16", kind="bwd")):
+            assert backward_default(problem, capability) in space.for_arch(arch).grid(problem), (arch, problem.key)

@@ -249,21 +249,18 @@ def test_claims_keep_workers_from_measuring_one_config_twice(db):
 
 
 def test_live_counts_what_every_worker_measured(db):
-    """`tune --gpus` shows one count for all workers: distinct configs per problem on a GPU
-    model (a config measured twice counts once; failures count, and are counted as such;
-    re-timing is not search; other GPU models and problems are not this run's)."""
+    """`tune --gpus` shows the failures of its studies, whoever measured them: distinct
+    configs per study (a config measured twice counts once; failures counted as such;
+    re-timing is not search; other studies are not this run's)."""
     from fa_autotune.store.queries import live
 
     ids = identities(db, PROBLEM, GPU, SW)
-    other_gpu = identities(db, PROBLEM, GpuInfo("NVIDIA Other", "8.0", 108, 80000, "580"), SW)
     a, b, c = KernelConfig(BLOCK_M=64), KernelConfig(BLOCK_M=32), KernelConfig(BLOCK_N=32)
-    record(db, ids, a, "ok", median_ms=2.0)
-    record(db, ids, a, "ok", median_ms=1.5)
-    record(db, ids, b, "wrong_result")
-    record(db, ids, c, "ok", median_ms=1.0, phase="retime")
-    record(db, other_gpu, c, "ok", median_ms=0.5)
-    untouched = Problem(1, 2, 2, 128, 128, 32, "float16")
-    (row, empty) = live(db, GPU.name, [PROBLEM.key, untouched.key])
-    assert (row.problem, row.configs, row.failed, row.best_ms) == (PROBLEM.key, 2, 1, 1.5)
+    record(db, ids, a, "ok", median_ms=2.0, study_name="s1")
+    record(db, ids, a, "ok", median_ms=1.5, study_name="s1")
+    record(db, ids, b, "wrong_result", study_name="s1")
+    record(db, ids, c, "ok", median_ms=1.0, phase="retime", study_name="s1")
+    record(db, ids, c, "ok", median_ms=0.5, study_name="an earlier space's study")
+    (row, empty) = live(db, ["s1", "s2"])
+    assert (row.study, row.configs, row.failed, row.best_ms) == ("s1", 2, 1, 1.5)
     assert (empty.configs, empty.failed, empty.best_ms) == (0, 0, None)
-
