@@ -133,6 +133,13 @@ class KernelConfig:
         """The backward's dQ pass as (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
         return tuple(getattr(self, f) or getattr(self, base) for f, base in DQ_FIELDS.items())  # type: ignore[return-value]
 
+    def listed_value(self, name: str) -> Any:
+        """Template parameter ``name`` as a search space lists it: where there is a dQ pass,
+        a dQ knob at 0 (inherited) is the dK/dV pass's value it stands for."""
+        if name in DQ_FIELDS and self.loop_order == "backward" and not self.dq_atomic:
+            return getattr(self, name) or getattr(self, DQ_FIELDS[name])
+        return getattr(self, name)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

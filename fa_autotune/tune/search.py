@@ -256,7 +256,7 @@ class Tuner:
                 study.enqueue_trial(self._params(config))
 
     def _params(self, config: KernelConfig) -> dict[str, Any]:
-        return {p.name: getattr(config, p.name) for p in self.space.parameters}
+        return {p.name: config.listed_value(p.name) for p in self.space.parameters}
 
     # ------------------------------------------------------------------ trials
     def _prepare(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, size: int,

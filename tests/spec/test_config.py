@@ -115,3 +115,12 @@ def test_backward_dq_pass_defaults_to_the_dkdv_pass_and_keeps_old_keys():
     # a dQ knob equal to the dK/dV pass's value is that value: one identity per kernel
     same = plain.with_(dq_block_m=64, dq_block_n=64, dq_warps=4, dq_stages=2)
     assert same == plain and same.key == plain.key and same.name == plain.name
+
+
+def test_a_normalized_dq_pass_is_listed_as_the_values_it_stands_for():
+    """Warm start and grid search hand a config back to Optuna as the space's values: an
+    inherited dQ knob (0) is listed as the dK/dV pass's value, except with atomic dQ."""
+    plain = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
+    assert [plain.listed_value(f) for f in ("dq_block_m", "dq_block_n", "dq_warps", "dq_stages")] == [16, 32, 4, 1]
+    assert plain.with_(dq_atomic=True).listed_value("dq_block_m") == 0
+    assert KernelConfig().listed_value("BLOCK_M") == 128
