@@ -185,14 +185,15 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
     problems = _tune_problems(args, space, gpu)
     _check_tunable(problems, gpu)
     # what a worker would refuse, refused once here, before any starts
-    TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, max_error=args.max_error)
+    options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
+                          max_error=args.max_error)
     url = args.db or default_db_url()
     db = connect(url)
     storage = db.optuna_storage()  # the schema, once, before the workers start
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [part.strip() for part in visible.split(",")] if visible else None  # --gpus ids index this mask
     base = _without_flag(args.argv, "--gpus")
-    jobs = max(1, (args.jobs or TuneOptions().jobs) // len(ids))
+    jobs = max(1, (args.jobs or options.jobs) // len(ids))
     workers = []
     try:
         for n, gpu_id in enumerate(ids):
@@ -213,7 +214,7 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
         # configs per problem (a problem whose space holds fewer ends early); open-ended for a
         # grid search without --trials
         target = None if args.sampler == "grid" and not args.trials else target_trials(
-            TuneOptions(trials=args.trials, sampler=args.sampler), gpu.is_interpreter, sys.maxsize)
+            options, gpu.is_interpreter, sys.maxsize)
         studies = {p.key: study_name(args.study, gpu, space.for_arch(gpu.arch), p) for p in problems}
         names = list(studies.values())
 

@@ -124,11 +124,13 @@ def _backward_config(problem: Problem, q, deterministic: bool = False) -> Kernel
     """The dispatcher's backward config for ``problem`` (kind "bwd"); the built-in one when
     what it finds is not a backward kernel; its dQ in its own pass when ``deterministic``."""
     chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+    if chosen.loop_order == "backward" and not (deterministic and chosen.dq_atomic):
+        return chosen
     default = backward_default(problem, gpu_of(q.device.type, q.device.index or 0).capability_tuple)
     if chosen.loop_order != "backward":
         chosen = default
     if deterministic and chosen.dq_atomic:  # its own dQ pass, shaped as the built-in one
-        return chosen.with_(dq_atomic=False, **{f: default.dq_pass()[i] for i, f in enumerate(DQ_FIELDS)})
+        return chosen.with_(dq_atomic=False, **dict(zip(DQ_FIELDS, default.dq_pass())))
     return chosen
 
 

@@ -417,7 +417,7 @@ def _check_value(name: str, value: Any, where: str) -> None:
         probe["loop_order"] = "kv_outer"
     if name == "warp_specialize":
         probe.update(access="tensor_desc", num_stages=2)
-    if name == "dq_atomic" or name.startswith("dq_"):
+    if name.startswith("dq_"):
         probe["loop_order"] = "backward"
     if name in GLUON_FIELDS or (name == "language" and value == "gluon"):
         probe.update(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64)
