@@ -600,7 +600,13 @@ def _fail_stale_trials(study, grace_s: float) -> None:
     now = dt.datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get("owner")
-        if owner is not None and not _owner_gone(owner, trial.datetime_start, now, grace_s):
+        if owner is None:
+            # Between ask() and the owner's mark another run sees a RUNNING trial without
+            # one: a live run's, unless it has stayed so past the grace.
+            started = trial.datetime_start
+            if started is not None and (now - started).total_seconds() <= grace_s:
+                continue
+        elif not _owner_gone(owner, trial.datetime_start, now, grace_s):
             continue
         try:
             study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)

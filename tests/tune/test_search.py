@@ -136,20 +136,27 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
     dead.wait()
     host = socket.gethostname()
     owners = {"live": f"{host}:{sleeper.pid}", "dead": f"{host}:{dead.pid}", "mine": search._OWNER,
-              "remote-recent": "elsewhere:1", "legacy": None}
+              "remote-recent": "elsewhere:1", "unmarked-new": None}
     trials = {}
     for name, owner in owners.items():
         trial = study.ask()
         if owner is not None:
             trial.set_user_attr("owner", owner)
         trials[name] = trial._trial_id
+    # A trial without an owner mark: just asked by a live run (the mark follows ask()), or,
+    # once older than the grace period, left by a run killed in between (or an old version).
+    study.add_trial(optuna.trial.FrozenTrial(
+        number=0, state=TrialState.RUNNING, value=None, datetime_start=dt.datetime.now() - dt.timedelta(hours=2),
+        datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={},
+        intermediate_values={}, trial_id=0))
+    trials["unmarked-old"] = study.trials[-1]._trial_id
     try:
         search._fail_stale_trials(study, grace_s=3600)
         state = {name: storage.get_trial(tid).state for name, tid in trials.items()}
     finally:
         sleeper.kill()
-    assert state["live"] == state["mine"] == state["remote-recent"] == TrialState.RUNNING
-    assert state["dead"] == state["legacy"] == TrialState.FAIL
+    assert state["live"] == state["mine"] == state["remote-recent"] == state["unmarked-new"] == TrialState.RUNNING
+    assert state["dead"] == state["unmarked-old"] == TrialState.FAIL
     now = dt.datetime.now()  # another host's trial: gone once older than the grace period
     assert search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=7), now, grace_s=3600)
     assert not search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=2), now, grace_s=3600)
