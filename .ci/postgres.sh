@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Start a throwaway PostgreSQL server for the database tests and print its URL; stop it with
 # `.ci/postgres.sh stop DIR`. The distribution's postgresql package is installed when missing
-# (as root); the cluster lives in a temporary directory, trusts local TCP connections on a
-# free port and belongs to the `postgres` user (PostgreSQL refuses to run as root).
+# (as root), or FA_AUTOTUNE_PG_BIN names a bin directory; the cluster lives in a temporary
+# directory, trusts local TCP connections on a free port and belongs to the `postgres` user
+# (created when missing: PostgreSQL refuses to run as root).
 #
 #   eval "$(.ci/postgres.sh start)"   # sets FA_AUTOTUNE_TEST_PG_URL and FA_AUTOTUNE_TEST_PG_DIR
 #   .ci/postgres.sh stop "$FA_AUTOTUNE_TEST_PG_DIR"
@@ -10,6 +11,9 @@ set -euo pipefail
 
 bindir() {
     local found
+    if [ -n "${FA_AUTOTUNE_PG_BIN:-}" ]; then  # e.g. the pgserver wheel's pgserver/pginstall/bin
+        echo "$FA_AUTOTUNE_PG_BIN"; return
+    fi
     found=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
     if [ -z "$found" ] && [ "$(id -u)" = 0 ]; then
         (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >&2
@@ -27,6 +31,7 @@ case "${1:-start}" in
 start)
     bin=$(bindir)
     dir=$(mktemp -d /tmp/fa-autotune-pg.XXXXXX)
+    if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then useradd -M -s /bin/false postgres; fi
     [ "$(id -u)" = 0 ] && chown postgres "$dir"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     as_owner "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >"$dir/initdb.log" 2>&1

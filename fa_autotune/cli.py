@@ -127,7 +127,7 @@ def _tune(args: argparse.Namespace) -> int:
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
-                          max_error=args.max_error)
+                          max_error=args.max_error, worker=args.worker_slot)
     db = connect(args.db)
     reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
@@ -198,6 +198,7 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
     try:
         for n, gpu_id in enumerate(ids):
             argv = _without_flag(_without_flag(base, "--jobs"), "--db") + ["--db", url, "--jobs", str(jobs), "--quiet"]
+            argv += ["--worker-slot", f"{n}/{len(ids)}"]  # workers start on different problems
             if args.seed is not None:
                 argv = _without_flag(argv, "--seed") + ["--seed", str(args.seed + n)]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=physical[gpu_id] if physical else str(gpu_id))
@@ -252,6 +253,17 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
         print(f"--- GPU {gpu_id} (exit {proc.returncode}) ---")
         print(outputs.get(gpu_id, "").rstrip())
     return max(proc.returncode for _, proc in workers)
+
+
+def _worker_slot(text: str) -> tuple[int, int]:
+    """'k/n' (worker k of n, as `tune --gpus` starts them)."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected k/n, got {text!r}") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected k/n with 0 <= k < n, got {text!r}")
+    return k, n
 
 
 def _without_flag(argv: list[str], flag: str) -> list[str]:
@@ -520,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
     p.add_argument("--gpus", default=None, help="one worker per GPU of this host: 'all' or ids like 0,1 (each "
                                                 "pinned with CUDA_VISIBLE_DEVICES, sharing the database and --jobs)")
+    p.add_argument("--worker-slot", type=_worker_slot, default=(0, 1), help=argparse.SUPPRESS)  # set by --gpus
 
     p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
     p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage", "pareto"],

@@ -67,6 +67,9 @@ class TuneOptions:
     record_best: bool = True
     # FP8 problems: relative error (against float32) a config may have to count at all.
     max_error: float | None = None
+    # (k, n): this run is worker k of n started together (tune --gpus); among the problems no
+    # other live run is tuning, it starts at the k-th n-th of the list, so workers spread out.
+    worker: tuple[int, int] = (0, 1)
 
     def __post_init__(self) -> None:
         if self.max_error is not None and not 0 < self.max_error < 1:
@@ -77,6 +80,8 @@ class TuneOptions:
             raise FaAutotuneError("--trials must be at least 1")
         if self.time_budget is not None and self.time_budget <= 0:
             raise FaAutotuneError("--time-budget must be positive")
+        if not 0 <= self.worker[0] < self.worker[1]:
+            raise FaAutotuneError(f"worker slot {self.worker[0]}/{self.worker[1]} is not k/n with 0 <= k < n")
 
 
 def target_trials(options: TuneOptions, interpreter: bool, grid_size: int) -> int:
@@ -155,16 +160,41 @@ class Tuner:
                                  initargs=(os.getpid(),)) as pool, \
                 DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
             try:
-                for index, problem in enumerate(problems):
+                remaining = list(enumerate(problems))
+                done: list[tuple[int, ProblemOutcome]] = []
+                while remaining:
                     share = None
                     if deadline is not None:
-                        share = max(0.0, (deadline - time.monotonic()) / (len(problems) - index))
-                    outcomes.append(self._tune_problem(index, problem, pool, worker, share))
+                        share = max(0.0, (deadline - time.monotonic()) / len(remaining))
+                    index, problem = remaining.pop(self._next_problem(remaining, len(problems)))
+                    done.append((index, self._tune_problem(index, problem, pool, worker, share)))
             except BaseException:  # Ctrl-C, an error: queued compiles are abandoned, not waited for
                 _abandon(pool)
                 raise
+        outcomes = [outcome for _, outcome in sorted(done, key=lambda item: item[0])]
         self.reporter.finish(outcomes)
         return outcomes
+
+    def _next_problem(self, remaining: list[tuple[int, Problem]], total: int) -> int:
+        """Which of ``remaining`` (index, problem) to tune next. Runs sharing the database
+        spread out: a problem another live run is tuning comes after those nobody is on (its
+        study is shared, so joining it later only helps finish it); worker k of n starts at
+        the k-th n-th of the list. Only an order: every problem is visited."""
+        if len(remaining) == 1:
+            return 0
+        try:
+            marks = {s.study_name: s.user_attrs.get("worker") for s in self.db.optuna_storage().get_all_studies()}
+        except Exception:  # a busy database must not stop the run: keep the list's order
+            marks = {}
+        now = dt.datetime.now()
+        start = self.options.worker[0] * total // self.options.worker[1]
+
+        def rank(item: tuple[int, tuple[int, Problem]]) -> tuple[bool, int]:
+            index, problem = item[1]
+            mark = marks.get(study_name(self.options.study, self.gpu, self.space, problem))
+            return (_held_elsewhere(mark, now, 2 * self.options.trial_timeout + 600), (index - start) % total)
+
+        return min(enumerate(remaining), key=rank)[0]
 
     # ------------------------------------------------------------------ one problem
     def _tune_problem(self, index: int, problem: Problem, pool: ProcessPoolExecutor, worker: DeviceWorker,
@@ -178,6 +208,9 @@ class Tuner:
         study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
                                     load_if_exists=True, **objectives)
         _fail_stale_trials(study, grace_s=2 * self.options.trial_timeout + 600)
+        mark = study.user_attrs.get("worker")
+        if not _held_elsewhere(mark, dt.datetime.now(), 2 * self.options.trial_timeout + 600):
+            study.set_user_attr("worker", {"owner": _OWNER, "since": dt.datetime.now().isoformat()})
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
             study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
@@ -223,6 +256,8 @@ class Tuner:
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
+        if (study.user_attrs.get("worker") or {}).get("owner") == _OWNER:
+            study.set_user_attr("worker", None)
         self.reporter.problem_finished(outcome)
         return outcome
 
@@ -612,6 +647,17 @@ def _fail_stale_trials(study, grace_s: float) -> None:
             study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
         except Exception:  # its owner finished it in the meantime
             pass
+
+
+def _held_elsewhere(mark: Any, now: dt.datetime, grace_s: float) -> bool:
+    """Whether a study's ``worker`` mark ({"owner", "since"}) names another run still alive."""
+    if not isinstance(mark, dict) or not isinstance(mark.get("owner"), str) or mark["owner"] == _OWNER:
+        return False
+    try:
+        since = dt.datetime.fromisoformat(mark.get("since", ""))
+    except (TypeError, ValueError):
+        since = None
+    return not _owner_gone(mark["owner"], since, now, grace_s)
 
 
 def _owner_gone(owner: str, started: dt.datetime | None, now: dt.datetime, grace_s: float) -> bool:

@@ -201,3 +201,38 @@ def test_a_trial_closed_by_another_run_does_not_end_this_one(tmp_path):
     with pytest.raises(ZeroDivisionError):  # anything else still propagates
         with search._closed_elsewhere(trial):
             1 / 0
+
+
+def test_runs_sharing_a_database_spread_over_the_problems(tuner):
+    """A run starts with problems no other live run is tuning (a study marked by a live
+    process comes last, one marked by a dead one counts as free), and worker k of n starts
+    at the k-th n-th of the list; every problem is still visited."""
+    import socket
+    import subprocess
+    import sys
+
+    import optuna
+
+    from fa_autotune.tune.search import study_name
+
+    problems = [Problem(1, 2, 2, 40 + 8 * i, 40 + 8 * i, 16, "float16") for i in range(4)]
+    first = tuner("fwd", trials=1)
+    remaining = list(enumerate(problems))
+    assert first._next_problem(remaining, 4) == 0
+    assert tuner("fwd", trials=1, worker=(1, 2))._next_problem(remaining, 4) == 2
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    try:
+        for problem, pid in ((problems[0], sleeper.pid), (problems[1], dead.pid), (problems[2], sleeper.pid)):
+            study = optuna.create_study(study_name=study_name(None, first.gpu, first.space, problem),
+                                        storage=first.db.optuna_storage())
+            study.set_user_attr("worker", {"owner": f"{host}:run:{pid}", "since": "2026-12-01T00:00:00"})
+        assert first._next_problem(remaining, 4) == 1  # 0 is live elsewhere, 1's run is dead
+        assert tuner("fwd", trials=1, worker=(1, 2))._next_problem(remaining, 4) == 3
+        assert first._next_problem([remaining[0], remaining[2]], 4) == 0  # all held: the list's order
+        outcomes = tuner("fwd", trials=1).tune(problems[:2])  # visits 1 first, reports in the list's order
+        assert [o.problem for o in outcomes] == problems[:2]
+    finally:
+        sleeper.kill()
