@@ -11,6 +11,20 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The modules whose tests run whole tunes or compile many kernels (20-60 s each on 2 cores),
+# run first: with pytest-xdist each worker takes the next test when it is free, so the
+# long ones spread over the workers and the short ones fill the gaps at the end.
+_LONG_FIRST = ("tests/test_cli.py", "tests/tune/test_search.py", "tests/kernels/test_aot.py",
+               "tests/runtime/test_training.py", "tests/runtime/test_dispatch.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a module stays
+
 
 @pytest.fixture
 def device() -> str:

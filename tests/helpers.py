@@ -42,3 +42,24 @@ def crashing_server(conn, interpret, parent=None):
 
     conn.recv()
     os._exit(3)
+
+
+def shared_once(tmp_path_factory, name: str, produce):
+    """``produce()`` once per test run, shared by the pytest-xdist workers through a pickle
+    in their common temp root (made under a file lock): a fixture that compiles many kernels
+    would otherwise run in every worker that takes one of its tests."""
+    import os
+    import pickle
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    path = root / f"{name}.pickle"
+    with FileLock(f"{path}.lock"):
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = produce()
+        path.write_bytes(pickle.dumps(value))
+        return value

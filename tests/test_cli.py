@@ -59,7 +59,23 @@ def shared_url(any_db_url):
     return any_db_url
 
 
-def test_tune_then_query(env, shared_url):
+def here(capsys, *args) -> subprocess.CompletedProcess:
+    """`fa-autotune ARGS` run in this process, as `main` runs it for the console script: its
+    exit code and output. For reading commands and refusals, which return in a moment: a
+    fresh interpreter for each (importing torch) would only slow the suite. An exception
+    that escapes `main` fails the test, as a traceback in a subprocess would."""
+    from fa_autotune import cli as cli_module
+
+    capsys.readouterr()
+    try:
+        code = cli_module.main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["fa-autotune", *args], code, out, err)
+
+
+def test_tune_then_query(env, shared_url, capsys):
     db_url = shared_url
     out = cli("tune", *TINY, "--trials", "4", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
     assert "interpreter" in out.stdout and "not a GPU" in out.stdout
@@ -71,20 +87,20 @@ def test_tune_then_query(env, shared_url):
     assert len({r[0] for r in search}) == 4
     assert {r[1] for r in rows} <= {"ok", "invalid_config", "compile_error", "out_of_resources", "wrong_result"}
 
-    best = json.loads(cli("query", "best", "--db", db_url, "--format", "json", env=env).stdout)
+    best = json.loads(here(capsys, "query", "best", "--db", db_url, "--format", "json").stdout)
     assert len(best) == 1
     assert best[0]["problem"] == "b1_hq2_hkv2_nq40_nk40_d16_float16_full" and best[0]["median_ms"] > 0
     assert best[0]["gpu"].startswith("Triton interpreter") and best[0]["config"]["loop_order"]
 
-    table = list(csv.DictReader(io.StringIO(cli("query", "trials", "--db", db_url, "--format", "csv", env=env).stdout)))
+    table = list(csv.DictReader(io.StringIO(here(capsys, "query", "trials", "--db", db_url, "--format", "csv").stdout)))
     assert len(table) == len(rows) and all(r["status"] for r in table)
     assert json.loads(table[0]["config"])["BLOCK_M"] in (16, 32)
-    ok_only = json.loads(cli("query", "trials", "--db", db_url, "--format", "json", "--status", "ok", env=env).stdout)
+    ok_only = json.loads(here(capsys, "query", "trials", "--db", db_url, "--format", "json", "--status", "ok").stdout)
     assert ok_only and all(r["status"] == "ok" for r in ok_only)
-    assert json.loads(cli("query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16", env=env).stdout) == []
-    assert "best" in cli("query", "best", "--db", db_url, env=env).stdout  # the table has a title
-    assert len(json.loads(cli("query", "trials", "--db", db_url, "--format", "json", "--limit", "2", env=env).stdout)) == 2
-    best_status = cli("query", "best", "--db", db_url, "--status", "ok", env=env, check=False)
+    assert json.loads(here(capsys, "query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16").stdout) == []
+    assert "best" in here(capsys, "query", "best", "--db", db_url).stdout  # the table has a title
+    assert len(json.loads(here(capsys, "query", "trials", "--db", db_url, "--format", "json", "--limit", "2").stdout)) == 2
+    best_status = here(capsys, "query", "best", "--db", db_url, "--status", "ok")
     assert best_status.returncode == 2 and "--status filters measurements" in best_status.stderr
 
     # The same command again with more trials continues the study; nothing is timed twice.
@@ -133,8 +149,8 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_kill_minus_nine_then_resume(env, shared_url):
-    db_url = shared_url
+def test_kill_minus_nine_then_resume(env, db_url):
+    """SQLite (PostgreSQL: the kill -9 of one of two workers below, restarted after)."""
     args = ["tune", *TINY, "--causal", "--trials", "10", "--jobs", "2", "--seed", "5", "--db", db_url, "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -158,15 +174,15 @@ def test_kill_minus_nine_then_resume(env, shared_url):
     assert len(after) <= 10 + 2, "more than the trials in flight were measured again"
 
 
-def test_bad_space_and_bad_db_are_one_line_errors(env, tmp_path, db_url):
+def test_bad_space_and_bad_db_are_one_line_errors(tmp_path, db_url, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nparameters:\n  BLOCK_M: [48]\n")
-    result = cli("tune", *TINY, "--space", str(bad), "--db", db_url, env=env, check=False)
+    result = here(capsys, "tune", *TINY, "--space", str(bad), "--db", db_url)
     assert result.returncode == 2 and "bad.yaml:3 (parameters.BLOCK_M)" in result.stderr
     assert "Traceback" not in result.stderr
-    result = cli("query", "best", "--db", "postgresql+nosuchdriver://x/y", env=env, check=False)
+    result = here(capsys, "query", "best", "--db", "postgresql+nosuchdriver://x/y")
     assert result.returncode == 2 and "cannot open database" in result.stderr
-    result = cli("tune", "--preset", "nope", "--db", db_url, env=env, check=False)
+    result = here(capsys, "tune", "--preset", "nope", "--db", db_url)
     assert result.returncode == 2 and "unknown preset 'nope'" in result.stderr
 
 
@@ -181,11 +197,11 @@ def test_time_budget_and_report(env, db_url, tmp_path):
     assert all((tmp_path / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
 
 
-def test_render_and_compile_commands(env, tmp_path):
+def test_render_and_compile_commands(env, tmp_path, capsys):
     out = cli("render", "--config", '{"loop_order": "split_kv", "num_splits": 4}', "--out", str(tmp_path), env=env)
     path = out.stdout.strip()
     assert path.endswith(".py") and "attn_fwd_splitkv" in path and os.path.exists(path)
-    bad = cli("render", "--config", '{"BLOCK_M": 65}', env=env, check=False)
+    bad = here(capsys, "render", "--config", '{"BLOCK_M": 65}')
     assert bad.returncode == 2 and "BLOCK_M" in bad.stderr
 
 
@@ -207,15 +223,15 @@ def test_compile_command_reports_a_gluon_kernel_for_hopper(env):
     (["--batch", "1", "--heads", "2", "--seqlen", "0", "--head-dim", "16"], "empty problem"),
     ([*TINY, "--dtype", "bf16"], "bfloat16 cannot be tuned in Triton's interpreter"),
 ])
-def test_tune_refuses_what_it_cannot_measure(env, db_url, flags, message):
+def test_tune_refuses_what_it_cannot_measure(db_url, flags, message, capsys):
     """An empty problem, or bf16 where the interpreter computes it wrong: a one-line refusal
     before any trial, and nothing stored."""
-    result = cli("tune", *flags, "--trials", "1", "--db", db_url, env=env, check=False)
+    result = here(capsys, "tune", *flags, "--trials", "1", "--db", db_url)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
     assert not os.path.exists(db_url.removeprefix("sqlite:///")) or measurements(db_url) == []
 
 
-def test_reading_commands_never_write(env, tmp_path):
+def test_reading_commands_never_write(tmp_path, capsys):
     """`query`, `export` and `report` on another application's SQLite file or on a path
     that does not exist: a one-line refusal, and the file (or its absence) untouched: no
     fa_ tables, no WAL switch, no directories."""
@@ -227,7 +243,7 @@ def test_reading_commands_never_write(env, tmp_path):
     for url in (f"sqlite:///{other}", f"sqlite:///{missing}"):
         for args in (["query", "best"], ["export", "--out", str(tmp_path / "exported")],
                      ["report", "--out", str(tmp_path / "report")]):
-            result = cli(*args, "--db", url, env=env, check=False)
+            result = here(capsys, *args, "--db", url)
             assert result.returncode == 2 and "no fa_autotune results" in result.stderr, (args, result.stderr)
             assert "Traceback" not in result.stderr
     assert other.read_bytes() == before and not (tmp_path / "otherapp.sqlite-wal").exists()
@@ -243,8 +259,8 @@ def test_reading_commands_never_write(env, tmp_path):
     (["tune", *TINY, "--trials", "0"], "--trials: expected a positive integer"),
     (["query", "trials", "--limit", "0"], "--limit: expected a positive integer"),
 ])
-def test_bad_numbers_are_usage_errors(env, db_url, args, message):
-    result = cli(*args, "--db", db_url, env=env, check=False)
+def test_bad_numbers_are_usage_errors(db_url, args, message, capsys):
+    result = here(capsys, *args, "--db", db_url)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
@@ -305,10 +321,11 @@ def test_import_shows_progress(env, tmp_path, db_url):
     assert "imported 2100 tuned configs" in result.stdout
 
 
-def test_two_tunes_of_one_problem_share_a_database(env, shared_url):
-    db_url = shared_url
-    """Two runs of the same tune at once: neither fails the other's trials in flight nor
-    crashes on rows the other wrote; both finish and every measurement is kept."""
+def test_two_tunes_of_one_problem_share_a_database(env, pg_url):
+    """Two runs of the same tune at once (two hosts: PostgreSQL; two workers on SQLite are
+    test_gpus_runs_one_worker_per_gpu_on_one_database): neither fails the other's trials in
+    flight nor crashes on rows the other wrote; both finish and every measurement is kept."""
+    db_url = pg_url
     from fa_autotune.store import connect
 
     connect(db_url).optuna_storage()  # an existing results database (creating one at once is issue 17's)
@@ -355,8 +372,8 @@ def test_decode_tune_export_and_serve(env, db_url, tmp_path):
     assert served.stdout.strip() == "exported", served.stderr
 
 
-def test_page_size_needs_the_decode_space(env, db_url):
-    result = cli("tune", *TINY, "--page-size", "16", "--db", db_url, env=env, check=False)
+def test_page_size_needs_the_decode_space(db_url, capsys):
+    result = here(capsys, "tune", *TINY, "--page-size", "16", "--db", db_url)
     assert result.returncode != 0 and "--space decode" in result.stderr
 
 
@@ -381,28 +398,29 @@ def test_backward_tune_export_and_train(env, db_url, tmp_path):
     assert source == "exported" and kernel.startswith("attn_bwd_") and finite == "True", served.stderr
 
 
-def test_two_tunes_at_once_one_killed_the_other_finishes(env, shared_url):
-    """Two workers tuning one preset against one database, one of them killed with -9 mid-run:
+def test_two_tunes_at_once_one_killed_the_other_finishes(env, pg_url):
+    """Two workers tuning one preset against one database (PostgreSQL, as two hosts would;
+    SQLite: test_kill_minus_nine_then_resume), one of them killed with -9 mid-run:
     the other finishes every problem, the killed one's measurements stay, and a restart of the
     killed worker completes; configs are claimed in the database, so only the killed worker's
     in-flight config may be measured a second time."""
-    args = ["tune", "--preset", "smoke", "--trials", "4", "--jobs", "1", "--db", shared_url, "--quiet"]
+    args = ["tune", "--preset", "smoke", "--trials", "4", "--jobs", "1", "--db", pg_url, "--quiet"]
     from fa_autotune.store import connect
 
-    connect(shared_url).optuna_storage()
+    connect(pg_url).optuna_storage()
     victim = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args, "--seed", "1"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     survivor = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args, "--seed", "2"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_measurements(shared_url, 2)
+    _wait_for_measurements(pg_url, 2)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     out, err = survivor.communicate(timeout=600)
     assert survivor.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert sum(line.startswith("tuned problem:") for line in out.splitlines()) == 2
-    before = measurements(shared_url)
+    before = measurements(pg_url)
     cli(*args, "--seed", "1", env=env)
-    after = measurements(shared_url)
+    after = measurements(pg_url)
     assert after[:len(before)] == before  # nothing lost or rewritten
     pairs = [(r[3], r[0]) for r in after if r[2] == "search"]  # two problems: a config once per problem
     assert len(set(pairs)) >= 4 and len(pairs) - len(set(pairs)) <= 1
@@ -434,6 +452,6 @@ def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, 
 
 
 @pytest.mark.parametrize("spec, message", [("all", "shows none"), ("0,0", "each GPU once"), ("x", "GPU ids")])
-def test_gpus_refuses_what_it_cannot_run(env, db_url, spec, message):
-    result = cli("tune", "--gpus", spec, "--db", db_url, env=env, check=False)
+def test_gpus_refuses_what_it_cannot_run(db_url, spec, message, capsys):
+    result = here(capsys, "tune", "--gpus", spec, "--db", db_url)
     assert result.returncode == 2 and message in result.stderr

@@ -458,8 +458,10 @@ class Tuner:
         if not candidates:
             return
         rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
-        rep = self.options.retime_rep_ms / RETIME_ROUNDS
-        for round_index in range(RETIME_ROUNDS):
+        # The interpreter's timings mean nothing: one round there keeps CPU runs short.
+        rounds_wanted = 1 if self.gpu.is_interpreter else RETIME_ROUNDS
+        rep = self.options.retime_rep_ms / rounds_wanted
+        for round_index in range(rounds_wanted):
             for config in candidates:
                 if round_index and not rounds[config]:
                     continue  # failed its first round: out
@@ -472,7 +474,7 @@ class Tuner:
                            **_measurement_fields(result, problem))
         timed = []
         for config, results in rounds.items():
-            if len(results) == RETIME_ROUNDS:
+            if len(results) == rounds_wanted:
                 fields = _combine_rounds(results, problem)
                 record(self.db, ids, config, "ok", phase="retime", study_name=outcome.study_name, **fields)
                 timed.append((config, fields))

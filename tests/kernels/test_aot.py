@@ -7,6 +7,7 @@ import pytest
 from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.problem import Problem
+from helpers import shared_once
 
 CAUSAL = Problem(1, 16, 16, 4096, 4096, 128, "float16", causal=True)
 FULL = Problem(1, 16, 4, 4096, 4096, 128, "bfloat16", causal=False)
@@ -37,16 +38,19 @@ SAMPLE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results():
-    by_problem: dict[Problem, list[KernelConfig]] = {}
-    for problem, config in SAMPLE:
-        by_problem.setdefault(problem, []).append(config)
-    out = {}
-    for problem, configs in by_problem.items():
-        for config, result in zip(configs, compile_many(configs, problem, jobs=2)):
-            out[(problem, config)] = result
-    return out
+@pytest.fixture(scope="session")
+def results(tmp_path_factory):
+    def compile_sample():
+        by_problem: dict[Problem, list[KernelConfig]] = {}
+        for problem, config in SAMPLE:
+            by_problem.setdefault(problem, []).append(config)
+        out = {}
+        for problem, configs in by_problem.items():
+            for config, result in zip(configs, compile_many(configs, problem, jobs=2)):
+                out[(problem, config)] = result
+        return out
+
+    return shared_once(tmp_path_factory, "aot-sample", compile_sample)
 
 
 @pytest.mark.parametrize("problem, config", SAMPLE, ids=[f"{c.name}-{p.key}" for p, c in SAMPLE])
@@ -142,12 +146,15 @@ GLUON_SAMPLE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gluon_results():
-    out = {}
-    for problem, config in GLUON_SAMPLE:  # one problem each: one pool per call is cheap enough
-        (out[(problem, config)],) = compile_many([config], problem, jobs=1)
-    return out
+@pytest.fixture(scope="session")
+def gluon_results(tmp_path_factory):
+    def compile_sample():
+        out = {}
+        for problem, config in GLUON_SAMPLE:  # one problem each: one pool per call is cheap enough
+            (out[(problem, config)],) = compile_many([config], problem, jobs=1)
+        return out
+
+    return shared_once(tmp_path_factory, "aot-gluon", compile_sample)
 
 
 @pytest.mark.parametrize("problem, config", GLUON_SAMPLE, ids=[f"{c.name}-{p.key}" for p, c in GLUON_SAMPLE])
