@@ -61,5 +61,7 @@ def shared_once(tmp_path_factory, name: str, produce):
         if path.exists():
             return pickle.loads(path.read_bytes())
         value = produce()
-        path.write_bytes(pickle.dumps(value))
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(value))
+        os.replace(partial, path)  # whole or absent, even if this worker dies mid-write
         return value

@@ -70,7 +70,7 @@ def here(capsys, *args) -> subprocess.CompletedProcess:
     try:
         code = cli_module.main(list(args))
     except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
+        code = 0 if exc.code is None else exc.code
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["fa-autotune", *args], code, out, err)
 

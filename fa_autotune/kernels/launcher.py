@@ -459,11 +459,15 @@ else:
 _VARLEN = ("Q", "K", "V", "Out", "Lse", "CuSeqQ", "CuSeqK")
 
 
-def varlen_config(*candidates: KernelConfig) -> KernelConfig:
+def varlen_config(*candidates: KernelConfig, gluon: bool = False) -> KernelConfig:
     """The first Q-outer Triton config among ``candidates`` (the dispatcher's choice, then the
     built-in Triton default) as a kernel that takes packed variable-length sequences: plain
     pointers, one program per tile (block pointers stay; TMA descriptors, persistent grids
-    and warp specialization need per-launch bases). Neither Q-outer: 64x64 tiles."""
+    and warp specialization need per-launch bases). Neither Q-outer: 64x64 tiles. With
+    ``gluon`` (a config the caller names), a Gluon config is taken as it is: its module has
+    a varlen kernel of its own (rank-4 descriptors over the packed rows)."""
+    if gluon and candidates and candidates[0].language == "gluon":
+        return candidates[0]
     config = next((c for c in candidates if c.language == "triton" and c.loop_order == "q_outer"),
                   KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2))
     access = "pointer" if config.access == "tensor_desc" else config.access
@@ -500,6 +504,8 @@ def varlen_launch(config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: 
     if kernel is None:
         raise ConfigError("access", f"{config.name} has no variable-length kernel (see varlen_config)")
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    if config.language == "gluon":
+        return _gluon_varlen(config, kernel, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse, head_dim_pad)
     scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
                                "qk_scale": scale * LOG2E}
     for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):  # packed: no batch stride
@@ -520,6 +526,30 @@ def varlen_launch(config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: 
     grid = (triton.cdiv(max(max_q, 1), config.BLOCK_M * config.q_tiles) * max(batch, 1) * heads,)
     launch = Launch(kernel, grid, tensors, scalars, flags, options)
     return launch, (q, k, v, out, lse, cu_q, cu_k, *(_NO_SCALES if fp8_capable else ()))
+
+
+def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
+                  lse, head_dim_pad: int) -> tuple[Launch, tuple]:
+    """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
+    packed row, dim) views of the packed tensors (no copy), O through a masked store."""
+    if q.dtype not in _GLUON_DTYPES:
+        raise ConfigError("language", f"Gluon kernels take float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
+    batch, heads = cu_q.numel() - 1, q.shape[1]
+    tiles = triton.cdiv(max(max_q, 1), config.BLOCK_M * config.consumers) * max(batch, 1) * heads
+    grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
+    scalars = {"H": heads, "GROUP": heads // k.shape[1], "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,
+               "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
+    flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
+    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK"), scalars, flags,
+                    {"num_warps": config.num_warps})
+    dtype = _GLUON_DTYPES[q.dtype]
+    descs = []
+    for t, rows in ((q, config.BLOCK_M), (k, config.BLOCK_N), (v, config.BLOCK_N)):
+        view = t.unsqueeze(0).transpose(1, 2)  # (1, heads, packed rows, dim)
+        block = [1, 1, rows, head_dim_pad]
+        descs.append(GluonTensorDescriptor(view, list(view.shape), list(view.stride()), block,
+                                           gl.NVMMASharedLayout.get_default_for(block, dtype)))
+    return launch, (*descs, out, lse, cu_q, cu_k)
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:

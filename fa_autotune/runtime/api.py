@@ -435,7 +435,7 @@ def attention_varlen(
         chosen = varlen_config(DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config,
                                default_for(problem, gpu, gluon=False))
     else:
-        chosen = varlen_config(KernelConfig.from_mapping(config))
+        chosen = varlen_config(KernelConfig.from_mapping(config), gluon=True)
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)

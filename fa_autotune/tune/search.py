@@ -167,13 +167,24 @@ class Tuner:
                     if deadline is not None:
                         share = max(0.0, (deadline - time.monotonic()) / len(remaining))
                     index, problem = remaining.pop(self._next_problem(remaining, len(problems)))
-                    done.append((index, self._tune_problem(index, problem, pool, worker, share)))
+                    try:
+                        done.append((index, self._tune_problem(index, problem, pool, worker, share)))
+                    except BaseException:  # the problem's mark must not keep other runs away
+                        self._release_mark_of(problem)
+                        raise
             except BaseException:  # Ctrl-C, an error: queued compiles are abandoned, not waited for
                 _abandon(pool)
                 raise
         outcomes = [outcome for _, outcome in sorted(done, key=lambda item: item[0])]
         self.reporter.finish(outcomes)
         return outcomes
+
+    def _release_mark_of(self, problem: Problem) -> None:
+        try:
+            _release_mark(optuna.load_study(study_name=study_name(self.options.study, self.gpu, self.space, problem),
+                                            storage=self.db.optuna_storage(), sampler=self._sampler()))
+        except Exception:  # no study yet, or the database is what failed: nothing to release
+            pass
 
     def _next_problem(self, remaining: list[tuple[int, Problem]], total: int) -> int:
         """Which of ``remaining`` (index, problem) to tune next. Runs sharing the database
@@ -256,8 +267,7 @@ class Tuner:
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
-        if (study.user_attrs.get("worker") or {}).get("owner") == _OWNER:
-            study.set_user_attr("worker", None)
+        _release_mark(study)
         self.reporter.problem_finished(outcome)
         return outcome
 
@@ -651,6 +661,13 @@ def _fail_stale_trials(study, grace_s: float) -> None:
             pass
 
 
+def _release_mark(study) -> None:
+    """Clear the study's ``worker`` mark if this run set it."""
+    mark = study.user_attrs.get("worker")
+    if isinstance(mark, dict) and mark.get("owner") == _OWNER:
+        study.set_user_attr("worker", None)
+
+
 def _held_elsewhere(mark: Any, now: dt.datetime, grace_s: float) -> bool:
     """Whether a study's ``worker`` mark ({"owner", "since"}) names another run still alive."""
     if not isinstance(mark, dict) or not isinstance(mark.get("owner"), str) or mark["owner"] == _OWNER:
@@ -658,6 +675,8 @@ def _held_elsewhere(mark: Any, now: dt.datetime, grace_s: float) -> bool:
     try:
         since = dt.datetime.fromisoformat(mark.get("since", ""))
     except (TypeError, ValueError):
+        since = None
+    if since is not None and since.tzinfo is not None:  # not written by this code: unknown age
         since = None
     return not _owner_gone(mark["owner"], since, now, grace_s)
 

@@ -196,11 +196,14 @@ def test_reports_registers_and_spills():
 
 
 @pytest.mark.parametrize("config", [KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
-                                    KernelConfig(BLOCK_M=64, BLOCK_N=64, access="block_ptr", q_tiles=2)],
+                                    KernelConfig(BLOCK_M=64, BLOCK_N=64, access="block_ptr", q_tiles=2),
+                                    KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1),
+                                    KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False)],
                          ids=lambda c: c.name)
 def test_varlen_kernels_compile_for_hopper(tmp_path, config):
-    """attention_varlen's kernel (the Q-outer body over packed sequences) compiles for sm_90
-    in a fresh process, with wgmma."""
+    """attention_varlen's kernel (the Q-outer body over packed sequences; a Gluon config's
+    own varlen kernel) compiles for sm_90 in a fresh process, with wgmma; the Gluon one
+    keeps FlashAttention-3's structure (register hand-over, TMA loads)."""
     import subprocess
     import sys
 
@@ -209,6 +212,7 @@ def test_varlen_kernels_compile_for_hopper(tmp_path, config):
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from fa_autotune.kernels.aot import _specialize
 from fa_autotune.kernels.launcher import varlen_launch
 from fa_autotune.spec.config import KernelConfig
@@ -219,15 +223,19 @@ cu = torch.empty(5, device="meta", dtype=torch.int32)
 launch, args = varlen_launch(config, q, k, k, cu, cu, 1024, 0.1, True, torch.empty_like(q),
                              torch.empty(16, 3000, device="meta"))
 signature, consts, attrs = _specialize(launch, args + launch.fixed)
-compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+source = (GluonASTSource if isinstance(launch.kernel, GluonJITFunction) else ASTSource)
+compiled = triton.compile(source(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=launch.options)
-print("wgmma" in compiled.asm["ptx"], compiled.metadata.shared)
+ptx = compiled.asm["ptx"]
+print("wgmma" in ptx, compiled.metadata.shared, "setmaxnreg" in ptx, "cp.async.bulk.tensor" in ptx)
 """)
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    uses_wgmma, shared = result.stdout.split()
+    uses_wgmma, shared, setmaxnreg, tma = result.stdout.split()
     assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]
+    if config.language == "gluon":
+        assert setmaxnreg == tma == "True"
 
 
 DECODE_CASES = [

@@ -125,6 +125,33 @@ def test_gpu_mixed_lengths(dtype, causal):
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
 
 
+GLUON = {"language": "gluon", "access": "tensor_desc", "num_warps": 4, "BLOCK_M": 64}
+GLUON_VARLEN = {
+    "persistent-overlap": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1),
+    "plain": dict(GLUON, BLOCK_N=64, num_stages=3, overlap=False),
+    "masked-one-loop": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, causal_mode="masked"),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU (Gluon kernels)")
+@pytest.mark.parametrize("head_dim", [128, 64, 80])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("config", list(GLUON_VARLEN))
+def test_gpu_gluon_varlen_kernel(config, causal, dtype, head_dim):
+    """A Gluon config's own varlen kernel (named explicitly): tiles past each sequence's end
+    skipped, keys past it masked, rows past it never stored (the next sequence's output
+    must survive), an empty sequence, queries longer than keys, GQA."""
+    lens_q, lens_k = [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=head_dim, dtype=dtype,
+                                 device="cuda")
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                            return_softmax_lse=True, config=GLUON_VARLEN[config])
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
 def test_flash_attn_call_forms_port_unchanged():
     """flash_attn_varlen_func's positional order (dropout_p before softmax_scale), numpy ints
     for the lengths, return_attn_probs giving the LSE, an fp8_pv knob borrowed from a dense

@@ -6,7 +6,7 @@ import pytest
 
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.problem import Problem
-from fa_autotune.tune.search import TuneOptions, Tuner, pareto_front
+from fa_autotune.tune.search import SilentReporter, TuneOptions, Tuner, pareto_front
 from fa_autotune.spec.space import load_space
 from fa_autotune.store import connect, queries
 from fa_autotune.store.records import identities, record
@@ -232,7 +232,20 @@ def test_runs_sharing_a_database_spread_over_the_problems(tuner):
         assert first._next_problem(remaining, 4) == 1  # 0 is live elsewhere, 1's run is dead
         assert tuner("fwd", trials=1, worker=(1, 2))._next_problem(remaining, 4) == 3
         assert first._next_problem([remaining[0], remaining[2]], 4) == 0  # all held: the list's order
-        outcomes = tuner("fwd", trials=1).tune(problems[:2])  # visits 1 first, reports in the list's order
-        assert [o.problem for o in outcomes] == problems[:2]
+        order = []
+
+        class Recorder(SilentReporter):
+            def problem_started(self, index, outcome, target):
+                order.append(index)
+
+        run = tuner("fwd", trials=1)
+        run.reporter = Recorder()
+        outcomes = run.tune(problems[:2])
+        assert order == [1, 0]  # 0 is held by a live run: visited last
+        assert [o.problem for o in outcomes] == problems[:2]  # reported in the list's order
+        marks = {s.study_name: s.user_attrs.get("worker") for s in run.db.optuna_storage().get_all_studies()}
+        name = lambda p: study_name(None, run.gpu, run.space, p)  # noqa: E731
+        assert marks[name(problems[1])] is None  # its own mark cleared at the end
+        assert marks[name(problems[0])]["owner"] == f"{host}:run:{sleeper.pid}"  # another run's left alone
     finally:
         sleeper.kill()
