@@ -197,8 +197,7 @@ def test_reports_registers_and_spills():
 
 @pytest.mark.parametrize("config", [KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
                                     KernelConfig(BLOCK_M=64, BLOCK_N=64, access="block_ptr", q_tiles=2),
-                                    KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1),
-                                    KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False)],
+                                    KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)],
                          ids=lambda c: c.name)
 def test_varlen_kernels_compile_for_hopper(tmp_path, config):
     """attention_varlen's kernel (the Q-outer body over packed sequences; a Gluon config's
