@@ -532,9 +532,7 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
                   lse, head_dim_pad: int) -> tuple[Launch, tuple]:
     """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
     packed row, dim) views of the packed tensors (no copy), O through a masked store."""
-    if q.dtype not in _GLUON_DTYPES:
-        raise ConfigError("language", f"Gluon kernels take float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
-    batch, heads = cu_q.numel() - 1, q.shape[1]
+    batch, heads = cu_q.numel() - 1, q.shape[1]  # checked by the caller (kernels.checks.check_config)
     tiles = triton.cdiv(max(max_q, 1), config.BLOCK_M * config.consumers) * max(batch, 1) * heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     scalars = {"H": heads, "GROUP": heads // k.shape[1], "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,

@@ -436,6 +436,8 @@ def attention_varlen(
                                default_for(problem, gpu, gluon=False))
     else:
         chosen = varlen_config(KernelConfig.from_mapping(config), gluon=True)
+        if chosen.language == "gluon":  # Hopper, fp16/bf16, TMA-readable (1, heads, tokens, D) views
+            check_config(chosen, dense, *(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)))
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)

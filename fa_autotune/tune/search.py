@@ -179,6 +179,12 @@ class Tuner:
         self.reporter.finish(outcomes)
         return outcomes
 
+    @property
+    def _grace_s(self) -> float:
+        """How long another host's trial, claim or problem mark counts as live: past any
+        trial's timeout, twice, with room for compiling."""
+        return 2 * self.options.trial_timeout + 600
+
     def _release_mark_of(self, problem: Problem) -> None:
         try:
             _release_mark(optuna.load_study(study_name=study_name(self.options.study, self.gpu, self.space, problem),
@@ -203,7 +209,7 @@ class Tuner:
         def rank(item: tuple[int, tuple[int, Problem]]) -> tuple[bool, int]:
             index, problem = item[1]
             mark = marks.get(study_name(self.options.study, self.gpu, self.space, problem))
-            return (_held_elsewhere(mark, now, 2 * self.options.trial_timeout + 600), (index - start) % total)
+            return (_held_elsewhere(mark, now, self._grace_s), (index - start) % total)
 
         return min(enumerate(remaining), key=rank)[0]
 
@@ -218,9 +224,9 @@ class Tuner:
         objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
         study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
                                     load_if_exists=True, **objectives)
-        _fail_stale_trials(study, grace_s=2 * self.options.trial_timeout + 600)
+        _fail_stale_trials(study, grace_s=self._grace_s)
         mark = study.user_attrs.get("worker")
-        if not _held_elsewhere(mark, dt.datetime.now(), 2 * self.options.trial_timeout + 600):
+        if not _held_elsewhere(mark, dt.datetime.now(), self._grace_s):
             study.set_user_attr("worker", {"owner": _OWNER, "since": dt.datetime.now().isoformat()})
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
@@ -355,7 +361,7 @@ class Tuner:
 
     def _claim(self, ids: Ids, config: KernelConfig) -> bool:
         """Claim measuring ``config`` in the database; False while another live run holds it."""
-        grace = 2 * self.options.trial_timeout + 600
+        grace = self._grace_s
 
         def gone(holder: str, claimed_at: dt.datetime | None) -> bool:
             return _owner_gone(holder, claimed_at, _utcnow().replace(tzinfo=None), grace)

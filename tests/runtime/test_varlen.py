@@ -126,6 +126,14 @@ def test_gpu_mixed_lengths(dtype, causal):
 
 
 GLUON = {"language": "gluon", "access": "tensor_desc", "num_warps": 4, "BLOCK_M": 64}
+
+
+def test_a_named_gluon_config_says_where_it_runs():
+    """The interpreter (or a GPU other than Hopper) cannot run the Gluon varlen kernel: the
+    shared config check refuses it by name before anything launches."""
+    q, k, v, cu_q, cu_k = packed([4, 6], [4, 6])
+    with pytest.raises(ConfigError, match="language='gluon' runs on Hopper GPUs only"):
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 6, 6, config=dict(GLUON, BLOCK_N=64))
 GLUON_VARLEN = {
     "persistent-overlap": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1),
     "plain": dict(GLUON, BLOCK_N=64, num_stages=3, overlap=False),
