@@ -77,7 +77,7 @@ def here(capsys, *args) -> subprocess.CompletedProcess:
 
 def test_tune_then_query(env, shared_url, capsys):
     db_url = shared_url
-    out = cli("tune", *TINY, "--trials", "4", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
+    out = cli("tune", *TINY, "--trials", "4", "--jobs", "1", "--seed", "3", "--db", db_url, "--quiet", env=env)
     assert "interpreter" in out.stdout and "not a GPU" in out.stdout
     # Not a terminal: one plain line per problem (no folded table); TFLOPS mean nothing here.
     line = next(x for x in out.stdout.splitlines() if x.startswith("tuned problem:"))
@@ -104,7 +104,7 @@ def test_tune_then_query(env, shared_url, capsys):
     assert best_status.returncode == 2 and "--status filters measurements" in best_status.stderr
 
     # The same command again with more trials continues the study; nothing is timed twice.
-    cli("tune", *TINY, "--trials", "6", "--jobs", "2", "--seed", "3", "--db", db_url, "--quiet", env=env)
+    cli("tune", *TINY, "--trials", "6", "--jobs", "1", "--seed", "3", "--db", db_url, "--quiet", env=env)
     search = [r for r in measurements(db_url) if r[2] == "search"]
     assert len({r[0] for r in search}) == 6
     assert len(search) == 6, "a config was measured twice"
@@ -151,7 +151,7 @@ def _alive(pid: int) -> bool:
 
 def test_kill_minus_nine_then_resume(env, db_url):
     """SQLite (PostgreSQL: the kill -9 of one of two workers below, restarted after)."""
-    args = ["tune", *TINY, "--causal", "--trials", "10", "--jobs", "2", "--seed", "5", "--db", db_url, "--quiet"]
+    args = ["tune", *TINY, "--causal", "--trials", "10", "--jobs", "1", "--seed", "5", "--db", db_url, "--quiet"]
     proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _wait_for_measurements(db_url, 3)
@@ -188,7 +188,7 @@ def test_bad_space_and_bad_db_are_one_line_errors(tmp_path, db_url, capsys):
 
 def test_time_budget_and_report(env, db_url, tmp_path):
     start = time.monotonic()
-    cli("tune", *TINY, "--trials", "50", "--time-budget", "3", "--jobs", "2", "--db", db_url, "--quiet", env=env)
+    cli("tune", *TINY, "--trials", "50", "--time-budget", "3", "--jobs", "1", "--db", db_url, "--quiet", env=env)
     assert time.monotonic() - start < 120
     assert 1 <= len({r[0] for r in measurements(db_url) if r[2] == "search"}) < 50
     out = cli("report", "--db", db_url, "--out", str(tmp_path / "plots"), env=env)
@@ -353,7 +353,7 @@ def test_decode_tune_export_and_serve(env, db_url, tmp_path):
     """`tune --space decode` on a KV-cache problem (paged), export to the attn_decode file,
     and attention_with_kvcache picks the tuned config from it in a fresh process."""
     out = cli("tune", "--space", "decode", "--batch", "2", "--heads", "4", "--kv-heads", "2", "--seqlen", "1",
-              "--seqlen-k", "48", "--head-dim", "32", "--page-size", "16", "--trials", "3", "--jobs", "2",
+              "--seqlen-k", "48", "--head-dim", "32", "--page-size", "16", "--trials", "3", "--jobs", "1",
               "--db", db_url, "--quiet", env=env)
     line = next(x for x in out.stdout.splitlines() if x.startswith("tuned problem:"))
     assert "b2_hq4_hkv2_nq1_nk48_d32_float16_full_paged16" in line and "configs: 3;" in line
@@ -381,7 +381,7 @@ def test_backward_tune_export_and_train(env, db_url, tmp_path):
     """`tune --space bwd` on one backward problem (checked against float32 autograd), export
     to the attn_bwd file, and loss.backward() in a fresh process runs the tuned kernels
     (explain shows them)."""
-    out = cli("tune", "--space", "bwd", "--preset", "smoke", "--match", "full", "--trials", "2", "--jobs", "2",
+    out = cli("tune", "--space", "bwd", "--preset", "smoke", "--match", "full", "--trials", "2", "--jobs", "1",
               "--db", db_url, "--quiet", env=env)
     line = next(x for x in out.stdout.splitlines() if x.startswith("tuned problem:"))
     assert "b1_hq2_hkv2_nq64_nk64_d32_float16_full_bwd" in line and "attn_bwd_" in line

@@ -214,7 +214,7 @@ def test_tune_export_import_explain_end_to_end(tmp_path, monkeypatch, kernel_cac
     tuned = f"sqlite:///{tmp_path / 'tuned.sqlite'}"
     base = [sys.executable, "-m", "fa_autotune"]
     subprocess.run(base + ["tune", "--batch", "1", "--heads", "2", "--seqlen", "24", "--head-dim", "16",
-                           "--trials", "3", "--jobs", "2", "--seed", "1", "--db", tuned, "--quiet"],
+                           "--trials", "3", "--jobs", "1", "--seed", "1", "--db", tuned, "--quiet"],
                    check=True, env=env, capture_output=True)
     out_dir = tmp_path / "exported"
     subprocess.run(base + ["export", "--db", tuned, "--out", str(out_dir)], check=True, env=env, capture_output=True)

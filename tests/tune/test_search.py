@@ -88,7 +88,7 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
     env.pop("TRITON_INTERPRET", None)
     base = [sys.executable, "-m", "fa_autotune"]
     tune = base + ["tune", "--batch", "1", "--heads", "2", "--seqlen", "64", "--head-dim", "32", "--dtype", "fp8",
-                   "--jobs", "2", "--seed", "2", "--db", url, "--quiet"]
+                   "--jobs", "1", "--seed", "2", "--db", url, "--quiet"]
     # A budget nothing meets first: its measurements must stay usable for a looser budget.
     subprocess.run(tune + ["--trials", "4", "--max-error", "0.001", "--study", "tight"], check=True, env=env,
                    capture_output=True)
