@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched Triton kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64] [--problems mixed|causal|d64] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -14,11 +14,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fa_autotune.bench import Bench, _prepared  # noqa: E402
+from fa_autotune.kernels import launcher  # noqa: E402
 from fa_autotune.spec.config import KernelConfig  # noqa: E402
 from fa_autotune.spec.problem import Problem  # noqa: E402
 from fa_autotune.spec.target import environment  # noqa: E402
@@ -61,7 +61,68 @@ VARIANT_SETS = {
         "m64x3 n64 s2 r160 plain pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3,
                                              consumer_regs=160, overlap=False, persistent=1),
     },
+    # causal grids in L2 sections of heads (l2_fraction: launcher.L2_SECTION_FRACTION for that
+    # variant; 0: every head at once, the order before sections)
+    "l2": {
+        "pers all-heads": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0),
+        "pers l2 .25": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.25),
+        "pers l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.5),
+        "pers l2 .75": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.75),
+        "grid all-heads": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, l2_fraction=0),
+        "grid l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, l2_fraction=0.5),
+        "3c n128 r160 pers l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                        persistent=1, l2_fraction=0.5),
+    },
+    # dynamic tile scheduling (an atomic counter) on a persistent grid, in L2 sections
+    "dynamic": {
+        "pers .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.5),
+        "pers dyn .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, l2_fraction=0.5),
+        "pers dyn .75": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, l2_fraction=0.75),
+        "pers dyn all-heads": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True,
+                                   l2_fraction=0),
+        "grid .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, l2_fraction=0.5),
+        "pers dyn .5 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True,
+                                        overlap=False, one_loop=True, l2_fraction=0.5),
+        "pers dyn .5 pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True,
+                               l2_fraction=0.5),
+        "3c n128 r160 pers dyn .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                         persistent=1, dynamic=True, l2_fraction=0.5),
+    },
+    # D=64 causal: deeper rings and 64-row K/V steps (D=64 tiles leave shared memory for them)
+    "d64": {
+        "dyn plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False,
+                                one_loop=True),
+        "dyn plain 1loop s3": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=3, persistent=1, dynamic=True,
+                                   overlap=False, one_loop=True),
+        "dyn s3": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=3, persistent=1, dynamic=True),
+        "dyn plain 1loop n64 s4": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=4, persistent=1, dynamic=True,
+                                       overlap=False, one_loop=True),
+        "dyn n64 s4": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=4, persistent=1, dynamic=True),
+        "static plain 1loop s3": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=3, persistent=1, overlap=False,
+                                      one_loop=True),
+        "3c n64 s3 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, consumers=3, consumer_regs=160,
+                                   persistent=1, dynamic=True),
+    },
 }
+
+
+def d64_problems(quick: bool) -> list[Problem]:
+    """The causal D=64 problems of llm-prefill."""
+    return [Problem(b, 32, 32, n, n, 64, dtype, True) for dtype in ("bfloat16", "float16")[:1 if quick else 2]
+            for b, n in ((16, 1024), (4, 4096), (1, 16384))]
+
+
+def causal_problems(quick: bool) -> list[Problem]:
+    """The causal problems of llm-prefill and two GQA ones, where the tile order matters."""
+    out = []
+    for dtype in ("bfloat16", "float16"):
+        out += [Problem(16, 16, 16, 1024, 1024, 128, dtype, True), Problem(4, 16, 16, 4096, 4096, 128, dtype, True),
+                Problem(1, 16, 16, 16384, 16384, 128, dtype, True), Problem(16, 32, 32, 1024, 1024, 64, dtype, True),
+                Problem(4, 32, 32, 4096, 4096, 64, dtype, True), Problem(2, 32, 8, 8192, 8192, 128, dtype, True),
+                Problem(8, 28, 4, 3000, 3000, 128, dtype, True)]
+        if quick:
+            break
+    return out
 
 
 def problems(quick: bool) -> list[Problem]:
@@ -87,13 +148,18 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dic
     for name, params in variants.items():
         if params.get("causal_mode") == "masked" and not problem.causal:
             continue
+        params = dict(params)
+        fraction = params.pop("l2_fraction", launcher.L2_SECTION_FRACTION)
         config = KernelConfig.from_mapping(params)
+        saved, launcher.L2_SECTION_FRACTION = launcher.L2_SECTION_FRACTION, fraction
         try:
-            fn = _prepared(config, problem, q, k, v)
+            fn = _prepared(config, problem, q, k, v)  # the section size is fixed when prepared
             report = compare(fn(), ref)
         except Exception as exc:  # a variant that cannot run is a result
             rows[name] = {"config": config.name, "status": f"{type(exc).__name__}: {exc}"[:200]}
             continue
+        finally:
+            launcher.L2_SECTION_FRACTION = saved
         if not report.passes(problem.dtype):
             rows[name] = {"config": config.name, "status": "wrong_result", "rel_error": report.rel}
             continue
@@ -120,11 +186,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
+    parser.add_argument("--problems", choices=("mixed", "causal", "d64"), default="mixed",
+                        help="mixed: llm-prefill's shapes and one GQA; causal: the causal ones and two GQA; "
+                             "d64: llm-prefill's causal D=64 ones")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     args = parser.parse_args()
     results = []
-    for problem in problems(args.quick):
+    chosen = {"mixed": problems, "causal": causal_problems, "d64": d64_problems}[args.problems]
+    for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)
     summary = {"environment": environment(), "rounds": args.rounds, "results": results}

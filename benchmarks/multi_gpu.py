@@ -106,7 +106,10 @@ def hosts(args, tmp: Path, out: Path) -> dict:
     log = out / "multi-gpu-hosts.log"
     tune = ["tune", "--preset", args.preset, "--trials", str(args.trials), "--jobs", str(args.jobs), "--quiet",
             "--db", url]
-    sides = [isolated_env(tmp, f"host{n}", CUDA_VISIBLE_DEVICES=str(n)) for n in (0, 1)]
+    # HOST_DEVICES="0 0" runs both "hosts" on one GPU (where no two-GPU machine is lent: the
+    # database behaviour is the same, the timings share the GPU).
+    devices = os.environ.get("HOST_DEVICES", "0 1").split()
+    sides = [isolated_env(tmp, f"host{n}", CUDA_VISIBLE_DEVICES=d) for n, d in enumerate(devices)]
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "fa_autotune", *tune, "--seed", str(n)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -115,11 +118,11 @@ def hosts(args, tmp: Path, out: Path) -> dict:
     seconds = time.monotonic() - start
     with log.open("a") as f:
         for n, (p, text) in enumerate(zip(procs, outputs)):
-            f.write(f"--- host {n} (CUDA_VISIBLE_DEVICES={n}, exit {p.returncode}) ---\n{text}\n")
+            f.write(f"--- host {n} (CUDA_VISIBLE_DEVICES={devices[n]}, exit {p.returncode}) ---\n{text}\n")
     winners = [best(url, env) for env in sides]
     per_problem = collections.Counter(w["problem"] for w in winners[0])
     pairs = search_measurements(url)
-    return {"mode": "hosts", "preset": args.preset, "trials": args.trials, "jobs": args.jobs, "wall_s": seconds,
+    return {"mode": "hosts", "devices": devices, "preset": args.preset, "trials": args.trials, "jobs": args.jobs, "wall_s": seconds,
             "exit_codes": [p.returncode for p in procs],
             "search_measurements": len(pairs), "duplicate_search_measurements": len(pairs) - len(set(pairs)),
             "problems": len(per_problem), "winners_per_problem_max": max(per_problem.values(), default=0),
@@ -138,7 +141,8 @@ def markdown(result: dict) -> str:
         lines += [f"| {r['problem']} | {r['one_gpu_ms']:.4f} | {r['all_gpus_ms']:.4f} | {r['ratio']:.3f} | "
                   f"{r['one_gpu_config']} | {r['all_gpus_config']} |" for r in result["rows"]]
         return "\n".join(lines)
-    return (f"Two processes (CUDA_VISIBLE_DEVICES=0 and =1) `tune --preset {result['preset']} --trials "
+    devices = result.get("devices", ["0", "1"])
+    return (f"Two processes (CUDA_VISIBLE_DEVICES={devices[0]} and ={devices[1]}) `tune --preset {result['preset']} --trials "
             f"{result['trials']}` on one PostgreSQL database: {result['wall_s']:.1f} s, exit codes "
             f"{result['exit_codes']}; {result['search_measurements']} search measurements, "
             f"{result['duplicate_search_measurements']} duplicated; {result['problems']} problems, at most "

@@ -236,7 +236,10 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
         raise ConfigError("language", "FP8 inputs run with language='triton' only")
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    main = Launch(module.KERNELS["main"], grid, _GLUON, scalars, flags, {"num_warps": config.num_warps})
+    scalars["SECTION"] = l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"], head_dim_pad,
+                                    q.element_size())
+    main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()), scalars, flags,
+                  {"num_warps": config.num_warps})
     dtype = _GLUON_DTYPES[q.dtype]
     rows = {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N, "o": config.BLOCK_M}
     blocks = {name: [1, 1, n, head_dim_pad] for name, n in rows.items()}
@@ -245,12 +248,36 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     def calls(q, k, v, out, lse, scales):
         descs = tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
                       for name, t in zip("qkvo", (q, k, v, out)))
-        return [(main, (*descs, lse))]
+        return [(main, (*descs, lse, *_tile_counter(config, q.device)))]
 
     return (main,), calls
 
 
+def _tile_counter(config: KernelConfig, device: torch.device) -> tuple:
+    """A dynamic Gluon grid's tile counter: zeroed for each launch (a memset on the stream,
+    so graph replays and concurrent streams each count from zero); none otherwise."""
+    return (torch.zeros(1, dtype=torch.int32, device=device),) if config.dynamic else ()
+
+
 _FAMILIES = {"q_outer": _q_outer, "split_kv": _split_kv, "kv_outer": _kv_outer}
+
+
+L2_SECTION_FRACTION = 0.5
+"""Share of the L2 cache that the K/V of one section of a causal Gluon grid may fill (the
+rest serves Q, O and the other sections' stragglers); FlashAttention-3 uses 32 of 50 MB."""
+
+
+def l2_section(device: torch.device, batch_heads: int, group: int, n_k: int, head_dim_pad: int,
+               element_size: int) -> int:
+    """Query heads per section of a causal Gluon grid: as many as have K and V (shared by
+    ``group`` query heads) fitting in L2_SECTION_FRACTION of the L2 cache, at least one. The
+    grid runs each section's longest tiles first, so K/V is re-read from L2, not HBM, while
+    the rows of a section move down their heads (all heads at once on a CPU stand-in)."""
+    if device.type != "cuda" or L2_SECTION_FRACTION <= 0:
+        return batch_heads
+    kv_per_head = 2 * n_k * head_dim_pad * element_size / max(group, 1)
+    budget = torch.cuda.get_device_properties(device).L2_cache_size * L2_SECTION_FRACTION
+    return max(1, min(batch_heads, int(budget // max(kv_per_head, 1))))
 
 
 def _sm_count(device: torch.device) -> int:
@@ -535,11 +562,14 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
     batch, heads = cu_q.numel() - 1, q.shape[1]  # checked by the caller (kernels.checks.check_config)
     tiles = triton.cdiv(max(max_q, 1), config.BLOCK_M * config.consumers) * max(batch, 1) * heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    scalars = {"H": heads, "GROUP": heads // k.shape[1], "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,
+    group = heads // k.shape[1]
+    mean_k = max(k.shape[0] // max(batch, 1), 1)  # L2 sections sized by the mean sequence's K/V
+    scalars = {"H": heads, "GROUP": group, "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,
+               "SECTION": l2_section(q.device, max(batch, 1) * heads, group, mean_k, head_dim_pad, q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
-    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK"), scalars, flags,
-                    {"num_warps": config.num_warps})
+    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK")
+                    + (("TileCounter",) if config.dynamic else ()), scalars, flags, {"num_warps": config.num_warps})
     dtype = _GLUON_DTYPES[q.dtype]
     descs = []
     for t, rows in ((q, config.BLOCK_M), (k, config.BLOCK_N), (v, config.BLOCK_N)):
@@ -547,7 +577,7 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
         block = [1, 1, rows, head_dim_pad]
         descs.append(GluonTensorDescriptor(view, list(view.shape), list(view.stride()), block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))
-    return launch, (*descs, out, lse, cu_q, cu_k)
+    return launch, (*descs, out, lse, cu_q, cu_k, *_tile_counter(config, q.device))
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:

@@ -431,9 +431,20 @@ def attention_varlen(
                       causal, "bottom_right")
     sm_scale = resolve_scale(softmax_scale, problem.head_dim)
     if config is None:
+        # The dispatched config: a Gluon one runs its own varlen kernel where it can read these
+        # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
+        # benchmarks/results/2026-12-01-h200-varlen-gluon.md); otherwise the Triton varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
-        chosen = varlen_config(DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config,
-                               default_for(problem, gpu, gluon=False))
+        dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+        chosen = None
+        if dispatched.language == "gluon":
+            try:
+                check_config(dispatched, dense, *(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)))
+                chosen = dispatched
+            except ConfigError:
+                pass
+        if chosen is None:
+            chosen = varlen_config(dispatched, default_for(problem, gpu, gluon=False))
     else:
         chosen = varlen_config(KernelConfig.from_mapping(config), gluon=True)
         if chosen.language == "gluon":  # Hopper, fp16/bf16, TMA-readable (1, heads, tokens, D) views

@@ -40,14 +40,14 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False, "dq_atomic": False,
+                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "dq_atomic": False,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
-GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop")
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,9 @@ class KernelConfig:
     # at run time, instead of two loops handing P across (that hand-over cost 32 extra SASS
     # register moves per step under Triton 3.6).
     one_loop: bool = False
+    # Gluon, persistent grid: programs take their next tile from an atomic counter (balances
+    # causal grids, whose tiles differ in length) instead of every programs-th tile.
+    dynamic: bool = False
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
@@ -215,6 +218,8 @@ class KernelConfig:
             parts.append("1loop")
         if self.persistent:
             parts.append(f"pers{self.persistent}")
+        if self.dynamic:
+            parts.append("dyn")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -327,7 +332,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_choice("language", cfg.language, LANGUAGES)
     _check_choice("consumers", cfg.consumers, GLUON_CONSUMERS)
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
-    for name in ("overlap", "pingpong", "one_loop"):
+    for name in ("overlap", "pingpong", "one_loop", "dynamic"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
     if cfg.language == "triton":
@@ -354,5 +359,7 @@ def _validate_language(cfg: KernelConfig) -> None:
                           f"fewer than {_MIN_REGS} registers (ptxas would drop setmaxnreg)")
     if cfg.one_loop and cfg.causal_mode != "split":
         raise ConfigError("one_loop", "one_loop merges the split mode's two K/V loops: it needs causal_mode='split'")
+    if cfg.dynamic and cfg.persistent != 1:
+        raise ConfigError("dynamic", "dynamic tile scheduling is for a persistent grid: it needs persistent=1")
     if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
         raise ConfigError("pingpong", "ping-pong needs consumers=2 and overlap=true")

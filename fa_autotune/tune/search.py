@@ -31,7 +31,7 @@ from ..errors import ConfigError, FaAutotuneError
 from ..kernels.aot import HOPPER, CompileResult
 from ..processes import compiler_init
 from ..spec.config import KernelConfig
-from ..spec.defaults import default_for, defaults_for
+from ..spec.defaults import default_for, defaults_for, gluon_candidates
 from ..spec.problem import TOLERANCE, Problem, distance
 from ..spec.space import SearchSpace
 from ..spec.target import GpuInfo, SoftwareInfo
@@ -284,8 +284,9 @@ class Tuner:
         return make_sampler(self.options.sampler, self.options.seed)
 
     def _enqueue_start(self, study, problem: Problem, grid: list[KernelConfig], ids: Ids) -> None:
-        """Grid: every valid config once. Otherwise warm start: the built-in default and the
-        winners of the nearest tuned problems on this GPU, where the space allows them."""
+        """Grid: every valid config once. Otherwise warm start: the built-in default, this
+        problem's earlier winners, the Gluon structures that won sweeps somewhere (Hopper) and
+        the winners of the nearest tuned problems on this GPU, where the space allows them."""
         if self.options.sampler == "grid":
             for config in grid:
                 study.enqueue_trial(self._params(config))
@@ -295,8 +296,9 @@ class Tuner:
         allowed = set(grid)
         tuned = tuned_problems(self.db, self.gpu)
         # The default, this problem's earlier winners (a re-tune must measure the incumbent),
-        # then the winners of the nearest tuned problems.
+        # the Gluon structures worth measuring first, then the nearest tuned problems' winners.
         starts = defaults_for(problem, self.gpu) + [c for p, c in tuned if p == problem]
+        starts += gluon_candidates(problem, self.gpu.capability_tuple)
         neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
                             key=lambda item: (item[0], item[1].canonical_json()))
         starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
@@ -462,8 +464,8 @@ class Tuner:
     def _pick_winner(self, study, problem: Problem, ids: Ids, worker: DeviceWorker, outcome: ProblemOutcome) -> None:
         """Re-time this study's top few (and the built-in default and the problem's earlier
         winners, which a new winner must beat) in interleaved rounds, so that clock drift
-        hits every candidate alike; configs within noise of the fastest are tied and the tie
-        goes to the first in canonical-JSON order."""
+        hits every candidate alike; the fastest median wins (configs within noise of it are
+        counted as ties)."""
         measured = _study_ranking(study)
         candidates = [config for config, _ in measured[: self.options.retime_top]]
         incumbents = [default_for(problem, self.gpu)] + [c for p, c in tuned_problems(self.db, self.gpu)
@@ -496,12 +498,14 @@ class Tuner:
                 timed.append((config, fields))
         if not timed:
             return
-        fastest = min(fields["median_ms"] for _, fields in timed)
-        spread = max((f["p80_ms"] - f["p20_ms"]) / f["median_ms"] for _, f in timed)
-        tolerance = max(NOISE_FLOOR, spread)
-        tied = sorted((item for item in timed if item[1]["median_ms"] <= fastest * (1 + tolerance)),
-                      key=lambda item: item[0].canonical_json())
-        winner, fields = tied[0]
+        # The fastest median wins. Configs within noise of it (1%, or the winner's own
+        # round-to-round spread if larger) are counted as ties, a sign to re-time longer; the
+        # spread of a noisy runner-up says nothing about the winner, and handing a tie to a
+        # config by name cost 3-8% on an H200 (2026-12-01: round spreads of 2-8% made every
+        # candidate a tie).
+        winner, fields = min(timed, key=lambda item: (item[1]["median_ms"], item[0].canonical_json()))
+        tolerance = max(NOISE_FLOOR, (fields["p80_ms"] - fields["p20_ms"]) / fields["median_ms"])
+        tied = [item for item in timed if item[1]["median_ms"] <= fields["median_ms"] * (1 + tolerance)]
         if self.options.record_best:
             save_winner(self.db, ids, Winner(problem, winner, fields["median_ms"], fields["tflops"],
                                              fields.get("rel_error"), self.gpu, self.software, len(tied),

@@ -139,7 +139,7 @@ GLUON_SAMPLE = [
     (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)),
     (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False)),
     (FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1, consumer_regs=232)),
-    (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True)),
+    (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True, dynamic=True)),
     (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=2, overlap=False, one_loop=True)),
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=64, num_stages=4, persistent=1, causal_mode="masked")),
@@ -174,6 +174,7 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert counts["mbarrier.try_wait"] > 0 and counts["tensormap.replace"] == 0
     assert 0 < kernel.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
+    assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
 
 
 def test_gluon_variants_past_shared_memory_are_statuses():

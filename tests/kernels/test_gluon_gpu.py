@@ -22,6 +22,8 @@ KNOBS = {
     "2c-plain-persistent": dict(overlap=False, persistent=1),
     "3c-n64-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1),
     "2c-one-loop-persistent": dict(one_loop=True, persistent=1),
+    "2c-dynamic": dict(persistent=1, dynamic=True),
+    "2c-plain-one-loop-dynamic": dict(overlap=False, one_loop=True, persistent=1, dynamic=True),
     "2c-plain-one-loop": dict(one_loop=True, overlap=False),
     "2c-n64-s3": dict(BLOCK_N=64, num_stages=3),
     "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
@@ -59,6 +61,21 @@ def test_flash_attn_layout_and_long_sequences(dtype, persistent):
     out = attention(q, k, v, causal=True, config=dict(BASE, persistent=persistent))
     assert out.stride() == q.stride()
     assert_close_to_reference(out, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("section, n", [(1, 700), (2, 701), (4, 702)])
+def test_causal_grid_in_l2_sections(monkeypatch, section, n):
+    """Causal grids walk sections of heads (sized from L2): sections of one head, of two and
+    of four (which does not divide the 15 heads, so the last section is narrower) cover
+    every tile once, on a full grid and on a persistent one (static and dynamic). Distinct lengths keep each case's
+    launch plan apart from the others'."""
+    from fa_autotune.kernels import launcher
+
+    monkeypatch.setattr(launcher, "l2_section", lambda *args: section)
+    q, k, v = make_qkv(3, 5, 5, n, n, 128, torch.float16, "cuda")
+    for grid in (dict(persistent=0), dict(persistent=1), dict(persistent=1, dynamic=True)):
+        out, lse = attention(q, k, v, causal=True, config=dict(BASE, **grid), return_lse=True)
+        assert_close_to_reference(out, q, k, v, causal=True, lse=lse)
 
 
 def test_every_output_element_written():

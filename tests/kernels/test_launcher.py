@@ -80,3 +80,23 @@ def test_direct_launch_only_on_the_tested_triton_range():
     lower, upper = re.fullmatch(r"triton>=(\d+\.\d+),<(\d+\.\d+)", spec.split(";")[0].strip()).groups()
     assert [f"{lower}."] == list(launcher.DIRECT_LAUNCH_TRITON) and float(upper) - float(lower) == pytest.approx(0.1)
     assert triton.__version__.startswith(launcher.DIRECT_LAUNCH_TRITON) == launcher._DIRECT
+
+
+def test_l2_sections_hold_as_many_heads_as_fit_in_the_budget(monkeypatch):
+    """A causal Gluon grid walks sections of heads whose K/V fit in part of L2: GQA heads share
+    their K/V, a head larger than the budget still makes a section of one, and the CPU
+    stand-in (no L2) takes every head at once."""
+    class Props:
+        L2_cache_size = 64 << 20
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props)
+    monkeypatch.setattr(launcher, "L2_SECTION_FRACTION", 0.5)
+    cuda = torch.device("cuda", 0)
+    kv = 2 * 1024 * 128 * 2  # K and V of one head: 512 KiB at N=1024, D=128, 2-byte elements
+    assert launcher.l2_section(cuda, 256, 1, 1024, 128, 2) == (32 << 20) // kv == 64
+    assert launcher.l2_section(cuda, 256, 4, 1024, 128, 2) == 256  # four query heads per K/V head
+    assert launcher.l2_section(cuda, 10, 1, 1024, 128, 2) == 10  # never more than the grid's heads
+    assert launcher.l2_section(cuda, 64, 1, 1 << 20, 128, 2) == 1  # one head's K/V beyond the budget
+    assert launcher.l2_section(torch.device("cpu"), 256, 1, 1024, 128, 2) == 256
+    monkeypatch.setattr(launcher, "L2_SECTION_FRACTION", 0)
+    assert launcher.l2_section(cuda, 256, 1, 1024, 128, 2) == 256

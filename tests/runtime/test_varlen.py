@@ -138,6 +138,7 @@ GLUON_VARLEN = {
     "persistent-overlap": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1),
     "plain": dict(GLUON, BLOCK_N=64, num_stages=3, overlap=False),
     "masked-one-loop": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, causal_mode="masked"),
+    "dynamic": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True),
 }
 
 
