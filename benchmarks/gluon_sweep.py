@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched Triton kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64] [--problems mixed|causal|d64] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal] [--problems mixed|causal|d64|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -103,7 +103,25 @@ VARIANT_SETS = {
         "3c n64 s3 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, consumers=3, consumer_regs=160,
                                    persistent=1, dynamic=True),
     },
+    # short causal grids: the static persistent kernel with the consumers taking turns, and
+    # without the intra-warpgroup overlap
+    "short_causal": {
+        "static": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "static pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True),
+        "static pp 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True,
+                                one_loop=True),
+        "static plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                   one_loop=True),
+        "static 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True),
+        "dyn pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
+    },
 }
+
+
+def short_causal_problems(quick: bool) -> list[Problem]:
+    """llm-prefill's N=1024 causal problems."""
+    return [Problem(16, h, h, 1024, 1024, d, dtype, True) for dtype in ("bfloat16", "float16")[:1 if quick else 2]
+            for h, d in ((16, 128), (32, 64))]
 
 
 def d64_problems(quick: bool) -> list[Problem]:
@@ -186,14 +204,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
-    parser.add_argument("--problems", choices=("mixed", "causal", "d64"), default="mixed",
+    parser.add_argument("--problems", choices=("mixed", "causal", "d64", "short_causal"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; causal: the causal ones and two GQA; "
-                             "d64: llm-prefill's causal D=64 ones")
+                             "d64: llm-prefill's causal D=64 ones; short_causal: its N=1024 causal ones")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     args = parser.parse_args()
     results = []
-    chosen = {"mixed": problems, "causal": causal_problems, "d64": d64_problems}[args.problems]
+    chosen = {"mixed": problems, "causal": causal_problems, "d64": d64_problems,
+              "short_causal": short_causal_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)

@@ -39,6 +39,22 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
                           f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
 
 
+def check_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> None:
+    """The Gluon dK/dV pass reads Q, K, V and dO through TMA on Hopper, in fp16/bf16 (dK
+    and dV are written through pointers)."""
+    capability = _capability(q.device)
+    if q.device.type == "cuda" and capability is not None and capability[0] != 9:
+        raise ConfigError("language", f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is "
+                          f"sm_{capability[0]}{capability[1]}")
+    if q.device.type not in ("cuda", "meta"):
+        raise ConfigError("language", f"language='gluon' kernels run on Hopper GPUs only ({q.device.type} tensors; "
+                          "the interpreter cannot run Gluon): use language='triton'")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {q.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
+        _check_tma_layout(name, t)
+
+
 MAX_OFFSET = 2**31 - 1  # pointer and block-pointer kernels index within one head in 32 bits
 
 

@@ -25,6 +25,7 @@ from ..errors import ConfigError, InputError, KernelCompileError, KernelResource
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import interpreter_active
+from .checks import check_gluon_backward
 from .render import KernelModule, load_module
 
 LOG2E = 1.4426950408889634
@@ -259,6 +260,20 @@ def _tile_counter(config: KernelConfig, device: torch.device) -> tuple:
     return (torch.zeros(1, dtype=torch.int32, device=device),) if config.dynamic else ()
 
 
+def _gluon_descriptors(dtype: torch.dtype, head_dim_pad: int, rows: dict[str, int]) -> Callable[..., tuple]:
+    """A function of the named tensors giving their rank-4 Gluon TMA descriptors (boxes of
+    ``rows[name]`` rows by head_dim_pad, the tensors' own strides), in ``rows``' order."""
+    gl_dtype = _GLUON_DTYPES[dtype]
+    blocks = {name: [1, 1, n, head_dim_pad] for name, n in rows.items()}
+    layouts = {name: gl.NVMMASharedLayout.get_default_for(block, gl_dtype) for name, block in blocks.items()}
+
+    def descriptors(**tensors: torch.Tensor) -> tuple:
+        return tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
+                     for name, t in ((name, tensors[name]) for name in rows))
+
+    return descriptors
+
+
 _FAMILIES = {"q_outer": _q_outer, "split_kv": _split_kv, "kv_outer": _kv_outer}
 
 
@@ -368,22 +383,37 @@ class DecodePlan:
 _BWD_PRE = ("Out", "DOut", "Delta")
 _BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV", "DQAcc")
 _BWD_DQ = ("Q", "K", "V", "DOut", "Lse", "Delta", "DQ")
+_BWD_DKDV_GLUON = ("q_desc", "k_desc", "v_desc", "do_desc", "Lse", "Delta", "DK", "DV")
+
+
+def triton_backward(config: KernelConfig) -> KernelConfig:
+    """A Gluon backward's delta preprocess and dQ pass: the Triton backward's kernels with
+    the same tiles and dQ pass (the Gluon template holds the dK/dV pass only)."""
+    dq_m, dq_n, dq_w, dq_s = config.dq_pass()
+    return KernelConfig(loop_order="backward", BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=4,
+                        num_stages=2, causal_mode=config.causal_mode, dq_block_m=dq_m, dq_block_n=dq_n,
+                        dq_warps=dq_w, dq_stages=dq_s)
 
 
 class BackwardPlan:
     """Launch plan of a ``loop_order='backward'`` config for one layout of q, k, v (B, H, N, D)
     and their gradients: delta = rowsum(dO * O), then dK/dV (K/V tiles outer, GQA groups
     summed in registers), then dQ (Q tiles outer; every gradient written once), or with
-    ``dq_atomic`` dQ added up in fp32 inside the dK/dV pass and cast into place after it."""
+    ``dq_atomic`` dQ added up in fp32 inside the dK/dV pass and cast into place after it. A
+    Gluon config runs its own dK/dV pass (Q, K, V and dO through TMA descriptors built per
+    call) beside the Triton preprocess and dQ pass of :func:`triton_backward`."""
 
-    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim")
+    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
                  causal_offset: int, is_causal: bool) -> None:
         if config.loop_order != "backward":
             raise ConfigError("loop_order", f"{config.name} is not a backward kernel; use loop_order='backward'")
-        module = load_module(config)
+        gluon = config.language == "gluon"
+        if gluon:
+            check_gluon_backward(q, k, v, dout)
+        module = load_module(triton_backward(config) if gluon else config)
         batch, heads, n_q, head_dim = q.shape
         heads_kv, n_k = k.shape[1], k.shape[2]
         scalars: dict[str, Any] = {"H": heads, "HKV": heads_kv, "GROUP": heads // heads_kv, "N_Q": n_q, "N_K": n_k,
@@ -398,8 +428,17 @@ class BackwardPlan:
         q_tiles = triton.cdiv(n_q, config.BLOCK_M)
         self.pre = Launch(module.KERNELS["preprocess"], (q_tiles, batch * heads), _BWD_PRE, scalars, flags,
                           {"num_warps": 4})
-        self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv), _BWD_DKDV,
-                           scalars, flags, options)
+        self.descriptors = None
+        if gluon:
+            self.dkdv = Launch(load_module(config).KERNELS["dkdv"],
+                               (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv),
+                               _BWD_DKDV_GLUON, scalars, flags, {"num_warps": config.num_warps})
+            self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
+                                                  {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
+                                                   "do": config.BLOCK_M})
+        else:
+            self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv),
+                               _BWD_DKDV, scalars, flags, options)
         dq_m, _, dq_warps, dq_stages = config.dq_pass()
         self.dq = None if config.dq_atomic else Launch(
             module.KERNELS["dq"], (triton.cdiv(n_q, dq_m), batch * heads), _BWD_DQ, scalars, flags,
@@ -410,6 +449,10 @@ class BackwardPlan:
 
     def calls(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None) -> list[tuple[Launch, tuple]]:
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
+        if self.descriptors is not None:
+            descs = self.descriptors(q=q, k=k, v=v, do=dout)
+            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv)),
+                    (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:
             return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, acc))]
         return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, None)),

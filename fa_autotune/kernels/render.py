@@ -34,7 +34,8 @@ TEMPLATES = {
     "decode": "attn_decode.py.jinja",  # KV-cache attention (attention_with_kvcache)
     "backward": "attn_bwd.py.jinja",  # dQ, dK, dV (attention()'s autograd)
 }
-GLUON_TEMPLATE = "attn_fwd_gluon.py.jinja"  # language="gluon": FlashAttention-3's schedule (Hopper)
+# language="gluon": FlashAttention-3's schedule (Hopper); the backward's dK/dV pass
+GLUON_TEMPLATES = {"q_outer": "attn_fwd_gluon.py.jinja", "backward": "attn_bwd_gluon.py.jinja"}
 
 
 class KernelModule(Protocol):
@@ -98,7 +99,10 @@ def render(config: KernelConfig) -> RenderedKernel:
     if not isinstance(config, KernelConfig):
         raise TypeError("render() takes a KernelConfig; build one with KernelConfig.from_mapping")
     try:
-        template = GLUON_TEMPLATE if config.language == "gluon" else TEMPLATES[config.loop_order]
+        if config.language == "gluon":
+            template = GLUON_TEMPLATES[config.loop_order]
+        else:
+            template = TEMPLATES[config.loop_order]
         source = _environment().get_template(template).render(cfg=config)
     except Exception as exc:  # jinja errors carry the template line; keep it in the message
         raise TemplateError(f"rendering {config.name} failed: {exc}") from exc

@@ -208,6 +208,10 @@ class KernelConfig:
         return "_".join(parts)
 
     def _gluon_name(self) -> str:
+        if self.loop_order == "backward":
+            dq = "_dq{}x{}w{}s{}".format(*self.dq_pass()) if any(getattr(self, f) for f in DQ_FIELDS) else ""
+            return (f"attn_bwd_gluon_m{self.BLOCK_M}n{self.BLOCK_N}x{self.consumers}_s{self.num_stages}_"
+                    f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask") + dq)
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -280,6 +284,9 @@ def _validate_decode(cfg: KernelConfig) -> None:
     """The KV-cache kernel gathers cache rows through pointers (pages need per-row
     addresses) and forms its M tile from a KV group's query rows, at least 16 for the dot;
     the backward kernels read through pointers too (for now)."""
+    if cfg.loop_order == "backward" and cfg.language == "gluon":
+        _validate_gluon_backward(cfg)
+        return
     what = {"decode": "reads the cache through pointers (pages are gathered row by row)",
             "backward": "reads its tiles through pointers"}[cfg.loop_order]
     if cfg.access != "pointer":
@@ -290,6 +297,21 @@ def _validate_decode(cfg: KernelConfig) -> None:
         raise ConfigError("language", f"loop_order={cfg.loop_order!r} is a Triton kernel; use language='triton'")
     if cfg.loop_order == "backward" and cfg.num_splits != 1:
         raise ConfigError("num_splits", "loop_order='backward' does not split K/V; use 1")
+
+
+def _validate_gluon_backward(cfg: KernelConfig) -> None:
+    """The Gluon dK/dV pass (templates/attn_bwd_gluon.py.jinja): 64 query rows per step, 64
+    key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it."""
+    if cfg.BLOCK_M != 64 or cfg.BLOCK_N != 64:
+        raise ConfigError("BLOCK_M", "the Gluon backward steps 64 query rows past 64 key rows per consumer: "
+                          f"BLOCK_M=64, BLOCK_N=64, got {cfg.BLOCK_M}, {cfg.BLOCK_N}")
+    if cfg.consumers > 2:
+        raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
+    if cfg.dq_atomic:
+        raise ConfigError("dq_atomic", "the Gluon backward leaves dQ to its own (Triton) pass: use false")
+    for name in ("overlap", "pingpong", "one_loop", "dynamic"):
+        if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
+            raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
 
 
 def _validate_structure(cfg: KernelConfig) -> None:
@@ -340,7 +362,10 @@ def _validate_language(cfg: KernelConfig) -> None:
             if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
                 raise ConfigError(name, f"only language='gluon' has it; use {STRUCTURE_DEFAULTS[name]!r}")
         return
-    required = {"loop_order": "q_outer", "access": "tensor_desc", "num_warps": 4, "warp_specialize": False,
+    if cfg.loop_order not in ("q_outer", "backward"):
+        raise ConfigError("loop_order", "language='gluon' has a Q-outer forward and a backward; use 'q_outer' or "
+                          "'backward'")
+    required = {"access": "tensor_desc", "num_warps": 4, "warp_specialize": False,
                 "q_tiles": 1, "rescale_threshold": 0, "exp2_poly": False, "tile_order": "seq", "maxnreg": 0}
     for name, value in required.items():
         if getattr(cfg, name) != value:

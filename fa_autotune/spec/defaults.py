@@ -26,15 +26,17 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     """Gluon structures a tune should measure first on Hopper (fp16/bf16, D <= 128), each the
     best of an H200 sweep somewhere: the default; on causal grids the same with dynamic tile
     scheduling (1.00-1.06x cuDNN at N >= 4096) and without the intra-warpgroup overlap in one
-    K/V loop (the best Gluon kernel at D=64); three consumers at D <= 64 without a mask
-    (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -sweep-consumers.md)."""
+    K/V loop, dynamic and static (the best Gluon kernels at D=64); three consumers at D <= 64
+    without a mask (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
+    -sweep-consumers.md)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
             or problem.head_dim_pad > 128 or problem.decode or problem.backward:
         return []
     out = [GLUON_DEFAULT]
     if problem.causal:
         out += [GLUON_DEFAULT.with_(dynamic=True),
-                GLUON_DEFAULT.with_(dynamic=True, overlap=False, one_loop=True)]
+                GLUON_DEFAULT.with_(dynamic=True, overlap=False, one_loop=True),
+                GLUON_DEFAULT.with_(overlap=False, one_loop=True)]
     else:
         out.append(GLUON_DEFAULT.with_(overlap=False))
         if problem.head_dim_pad <= 64:

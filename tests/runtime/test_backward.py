@@ -198,3 +198,46 @@ def test_gpu_backward_passes_on_two_streams_match_serial_and_cuda_graphs():
     torch.cuda.synchronize()
     for a, b in zip(captured, eager):
         assert torch.allclose(a.float(), 2 * b.float(), rtol=2e-2, atol=2e-2)
+
+
+GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64,
+                 dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the Gluon dK/dV pass needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("changes", [{}, dict(num_stages=3), dict(causal_mode="masked"), dict(consumers=1)],
+                         ids=["s2", "s3", "masked", "one-consumer"])
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c[2] <= 128],
+                         ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-{'causal-' + c[4] if c[3] else 'full'}")
+def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
+    """The Gluon dK/dV pass (named, with the Triton preprocess and dQ pass): the same
+    criterion as the Triton backward, every gradient finite."""
+    n_q, n_k, d, causal, align, hq, hkv = case
+    q = torch.randn(2, hq, n_q, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(2, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = fa_autotune.attention(q, k, v, causal=causal, causal_align=align, return_lse=True)
+    got = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    offset = n_k - n_q if align == "bottom_right" else 0
+    plan = BackwardPlan(KernelConfig(**GLUON_BWD, **changes), q, k, v, out, dout, *got, d ** -0.5, offset, causal)
+    plan(q, k, v, out, dout, lse, *got)
+    exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=causal, causal_align=align)
+    same_precision = grads(reference, q, k, v, dout, causal=causal, causal_align=align)
+    for name, a, w, p in zip("qkv", got, exact, same_precision):
+        assert torch.isfinite(a).all(), f"d{name} has NaN/Inf"
+        assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
+
+
+def test_gluon_backward_refuses_what_it_cannot_run(device):
+    """On the CPU (no Gluon there) and for fp32 the named Gluon backward is a clear error
+    before any kernel runs."""
+    from fa_autotune.errors import ConfigError
+
+    q = torch.randn(1, 2, 64, 64, device=device)
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    grads_out = [torch.empty_like(q) for _ in range(3)]
+    with pytest.raises(ConfigError, match="language"):
+        BackwardPlan(KernelConfig(**GLUON_BWD), q, q, q, out, dout, *grads_out, 0.125, 0, False)

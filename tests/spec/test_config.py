@@ -124,3 +124,18 @@ def test_a_normalized_dq_pass_is_listed_as_the_values_it_stands_for():
     assert [plain.listed_value(f) for f in ("dq_block_m", "dq_block_n", "dq_warps", "dq_stages")] == [16, 32, 4, 1]
     assert plain.with_(dq_atomic=True).listed_value("dq_block_m") == 0
     assert KernelConfig().listed_value("BLOCK_M") == 128
+
+
+def test_gluon_backward_configs():
+    """The Gluon dK/dV pass: 64-row tiles, its dQ in the Triton pass (no atomics), none of the
+    forward's schedule knobs; named apart from the Triton backward."""
+    base = dict(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64)
+    config = KernelConfig(**base, dq_block_m=128, dq_warps=8)
+    assert config.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dq128x64w8s3"
+    for changes, field in ((dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True), "dq_atomic"),
+                           (dict(consumers=3, consumer_regs=160), "consumers"), (dict(pingpong=True), "pingpong"),
+                           (dict(access="pointer"), "access"), (dict(loop_order="decode"), None)):
+        with pytest.raises(ConfigError) as caught:
+            KernelConfig(**dict(base, **changes))
+        if field:
+            assert caught.value.parameter == field, caught.value

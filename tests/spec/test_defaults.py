@@ -38,3 +38,24 @@ def test_triton_elsewhere(problem, capability):
 
 def test_one_default_where_gluon_is_not_picked():
     assert len(defaults_for(Problem(2, 16, 16, 4096, 4096, 128, "float16"), AMPERE)) == 1
+
+
+@pytest.mark.parametrize("problem", [Problem(2, 16, 16, 1024, 1024, 128, "bfloat16", causal=True),
+                                     Problem(2, 32, 32, 4096, 4096, 64, "float16"),
+                                     Problem(2, 32, 8, 1000, 1000, 64, "float16", causal=True)],
+                         ids=lambda p: p.key)
+def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
+    """The Gluon structures a Hopper tune measures first: the default first, dynamic
+    scheduling on causal grids, three consumers only at D <= 64 without a mask; each a point
+    of the shipped search space for that problem (the warm start enqueues only those)."""
+    from fa_autotune.spec.defaults import gluon_candidates
+    from fa_autotune.spec.space import load_space
+
+    candidates = gluon_candidates(problem, (9, 0))
+    assert candidates[0] == GLUON_DEFAULT and len(set(candidates)) == len(candidates)
+    assert any(c.dynamic for c in candidates) == problem.causal
+    assert any(c.consumers == 3 for c in candidates) == (not problem.causal and problem.head_dim <= 64)
+    grid = set(load_space("fwd").for_arch("sm90").grid(problem))
+    assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
+    assert gluon_candidates(problem, (8, 0)) == gluon_candidates(problem, None) == []
+    assert gluon_candidates(Problem(2, 16, 16, 1024, 1024, 128, "float32"), (9, 0)) == []
