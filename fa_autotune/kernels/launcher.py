@@ -413,6 +413,9 @@ class BackwardPlan:
         gluon = config.language == "gluon"
         if gluon:
             check_gluon_backward(q, k, v, dout)
+            if dk.stride(3) != 1 or dv.stride(3) != 1:
+                raise ConfigError("access", "the Gluon dK/dV pass writes dK and dV with a contiguous head dim "
+                                  f"(strides {dk.stride()}, {dv.stride()})")
         module = load_module(triton_backward(config) if gluon else config)
         batch, heads, n_q, head_dim = q.shape
         heads_kv, n_k = k.shape[1], k.shape[2]

@@ -92,7 +92,7 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
     # A budget nothing meets first: its measurements must stay usable for a looser budget.
     subprocess.run(tune + ["--trials", "4", "--max-error", "0.001", "--study", "tight"], check=True, env=env,
                    capture_output=True)
-    subprocess.run(tune + ["--trials", "12", "--max-error", "0.3"], check=True, env=env, capture_output=True)
+    subprocess.run(tune + ["--trials", "8", "--max-error", "0.3"], check=True, env=env, capture_output=True)
     front = json.loads(subprocess.run(base + ["query", "pareto", "--db", url, "--format", "json"], check=True,
                                       env=env, capture_output=True, text=True).stdout)
     assert front and all(r["problem"].endswith("float8_e4m3fn_full") and r["rel_error"] <= 0.3 for r in front)
