@@ -1,4 +1,4 @@
-"""Gluon FlashAttention-3 variants against cuDNN and the dispatched Triton kernel, side by
+"""Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
     python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal] [--problems mixed|causal|d64|short_causal] [--quick]
@@ -223,8 +223,9 @@ def main() -> None:
     names = ["cudnn", "tuned", *VARIANT_SETS[args.set]]
     lines = [f"# Gluon FlashAttention-3 variants on {env.get('gpu')} ({env['date']})", "",
              f"torch {env['torch']}, triton {env['triton']}, cuDNN {env['cudnn']}, templates {env['template_hash']}; "
-             f"median of {args.rounds} interleaved rounds of {args.rep_ms:.0f} ms; `tuned` is the dispatched Triton "
-             "kernel. TFLOPS (ratio to cuDNN); every output checked against float32 first.", "",
+             f"median of {args.rounds} interleaved rounds of {args.rep_ms:.0f} ms; `tuned` is the dispatched "
+             "kernel (the shipped tuning file's choice, Gluon or Triton). TFLOPS (ratio to cuDNN); every output "
+             "checked against float32 first.", "",
              "| problem | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for r in results:
         cells = []

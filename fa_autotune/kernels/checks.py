@@ -25,7 +25,7 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
         for name, t in zip("qkv", _tma_views(problem, *tensors)):
             _check_tma_layout(name, t)
     if config.language == "gluon":
-        _check_gluon(problem, device, capability)
+        _check_gluon(problem.dtype, device, capability)
     elif config.access != "tensor_desc":
         for name, t in zip("qkv", tensors[:3]):
             check_offsets(name, t.shape[2], t.shape[3], t.stride(2), t.stride(3), config.access)
@@ -42,15 +42,8 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
 def check_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> None:
     """The Gluon dK/dV pass reads Q, K, V and dO through TMA on Hopper, in fp16/bf16 (dK
     and dV are written through pointers)."""
-    capability = _capability(q.device)
-    if q.device.type == "cuda" and capability is not None and capability[0] != 9:
-        raise ConfigError("language", f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is "
-                          f"sm_{capability[0]}{capability[1]}")
-    if q.device.type not in ("cuda", "meta"):
-        raise ConfigError("language", f"language='gluon' kernels run on Hopper GPUs only ({q.device.type} tensors; "
-                          "the interpreter cannot run Gluon): use language='triton'")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {q.dtype}")
+    if q.device.type != "meta":  # meta tensors: ahead-of-time compilation, no device to check
+        _check_gluon(str(q.dtype).removeprefix("torch."), q.device, _capability(q.device))
     for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
         _check_tma_layout(name, t)
 
@@ -69,7 +62,7 @@ def check_offsets(name: str, rows: int, cols: int, stride_row: int, stride_col: 
                           "heads outermost (batch, heads, seqlen, head_dim)")
 
 
-def _check_gluon(problem: Problem, device: torch.device, capability: tuple[int, int] | None) -> None:
+def _check_gluon(dtype: str, device: torch.device, capability: tuple[int, int] | None) -> None:
     """The Gluon kernels are written for Hopper's wgmma and TMA, in fp16/bf16."""
     if device.type != "cuda":
         raise ConfigError("language", "language='gluon' runs on Hopper GPUs only; Triton's interpreter cannot run "
@@ -77,8 +70,8 @@ def _check_gluon(problem: Problem, device: torch.device, capability: tuple[int, 
     if capability is not None and capability[0] != 9:
         raise ConfigError("language", f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is "
                           f"sm_{capability[0]}{capability[1]}")
-    if problem.dtype not in ("float16", "bfloat16"):
-        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {problem.dtype}")
+    if dtype not in ("float16", "bfloat16"):
+        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {dtype}")
 
 
 def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:

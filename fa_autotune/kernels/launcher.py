@@ -241,15 +241,11 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
                                     q.element_size())
     main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                   {"num_warps": config.num_warps})
-    dtype = _GLUON_DTYPES[q.dtype]
-    rows = {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N, "o": config.BLOCK_M}
-    blocks = {name: [1, 1, n, head_dim_pad] for name, n in rows.items()}
-    layouts = {name: gl.NVMMASharedLayout.get_default_for(block, dtype) for name, block in blocks.items()}
+    descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
+                                                             "v": config.BLOCK_N, "o": config.BLOCK_M})
 
     def calls(q, k, v, out, lse, scales):
-        descs = tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
-                      for name, t in zip("qkvo", (q, k, v, out)))
-        return [(main, (*descs, lse, *_tile_counter(config, q.device)))]
+        return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device)))]
 
     return (main,), calls
 
@@ -616,14 +612,10 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
     launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK")
                     + (("TileCounter",) if config.dynamic else ()), scalars, flags, {"num_warps": config.num_warps})
-    dtype = _GLUON_DTYPES[q.dtype]
-    descs = []
-    for t, rows in ((q, config.BLOCK_M), (k, config.BLOCK_N), (v, config.BLOCK_N)):
-        view = t.unsqueeze(0).transpose(1, 2)  # (1, heads, packed rows, dim)
-        block = [1, 1, rows, head_dim_pad]
-        descs.append(GluonTensorDescriptor(view, list(view.shape), list(view.stride()), block,
-                                           gl.NVMMASharedLayout.get_default_for(block, dtype)))
-    return launch, (*descs, out, lse, cu_q, cu_k, *_tile_counter(config, q.device))
+    descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
+                                                             "v": config.BLOCK_N})
+    views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkv", (q, k, v))}  # (1, heads, rows, dim)
+    return launch, (*descriptors(**views), out, lse, cu_q, cu_k, *_tile_counter(config, q.device))
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:

@@ -421,8 +421,8 @@ def attention_varlen(
             raise InputError(f"{name} must be a 3-dim tensor (total_tokens, heads, head_dim), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     # The (1, heads, tokens, D) views get the same checks attention() makes.
-    dense = problem_from_tensors(q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
-                                 v.unsqueeze(0).transpose(1, 2), causal=causal)
+    views = tuple(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+    dense = problem_from_tensors(*views, causal=causal)
     if dense.is_fp8:
         raise InputError("attention_varlen takes float16, bfloat16 or float32 tensors, not FP8")
     batch = _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -439,7 +439,7 @@ def attention_varlen(
         chosen = None
         if dispatched.language == "gluon":
             try:
-                check_config(dispatched, dense, *(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)))
+                check_config(dispatched, dense, *views)
                 chosen = dispatched
             except ConfigError:
                 pass
@@ -448,7 +448,7 @@ def attention_varlen(
     else:
         chosen = varlen_config(KernelConfig.from_mapping(config), gluon=True)
         if chosen.language == "gluon":  # Hopper, fp16/bf16, TMA-readable (1, heads, tokens, D) views
-            check_config(chosen, dense, *(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)))
+            check_config(chosen, dense, *views)
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)
