@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal] [--problems mixed|causal|d64|short_causal] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal] [--problems mixed|llm|causal|d64|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -143,6 +143,13 @@ def causal_problems(quick: bool) -> list[Problem]:
     return out
 
 
+def llm_problems(quick: bool) -> list[Problem]:
+    """All of llm-prefill: hidden 2048, B * N = 16384, D 64 and 128, causal and not."""
+    return [Problem(16384 // n, 2048 // d, 2048 // d, n, n, d, dtype, causal)
+            for dtype in ("bfloat16", "float16")[:1 if quick else 2] for d in (64, 128)
+            for n in (1024, 4096, 16384) for causal in (False, True)]
+
+
 def problems(quick: bool) -> list[Problem]:
     out = []
     for dtype in ("bfloat16", "float16"):
@@ -204,14 +211,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
-    parser.add_argument("--problems", choices=("mixed", "causal", "d64", "short_causal"), default="mixed",
-                        help="mixed: llm-prefill's shapes and one GQA; causal: the causal ones and two GQA; "
-                             "d64: llm-prefill's causal D=64 ones; short_causal: its N=1024 causal ones")
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "short_causal"), default="mixed",
+                        help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
+                             "ones and two GQA; d64: llm-prefill's causal D=64 ones; short_causal: its N=1024 "
+                             "causal ones")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     args = parser.parse_args()
     results = []
-    chosen = {"mixed": problems, "causal": causal_problems, "d64": d64_problems,
+    chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
               "short_causal": short_causal_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
