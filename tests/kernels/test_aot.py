@@ -186,13 +186,15 @@ def test_gluon_variants_past_shared_memory_are_statuses():
 
 def test_reports_registers_and_spills():
     """The report reads ptxas's allotment from the cubin: FlashAttention-3's two 64-row
-    consumers keep their accumulators in registers (no stack), while one consumer holding
-    128 rows spills (why the search space leaves it out)."""
+    consumers keep their accumulators in registers (a frame of at most a few words, which
+    holds a per-tile value outside the K/V step loops: `benchmarks/sass_loops.py` shows no
+    local loads or stores inside them), while one consumer holding 128 rows spills hundreds
+    of bytes (why the search space leaves it out)."""
     two = KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)
     one = KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=128, BLOCK_N=128, num_stages=2,
                        consumers=1)
     fits, spills = (compile_many([c], CAUSAL, jobs=1)[0].kernels[0] for c in (two, one))
-    assert fits.registers and fits.stack_bytes == 0
+    assert fits.registers and fits.stack_bytes <= 32
     assert spills.stack_bytes > 512
 
 
