@@ -3,7 +3,7 @@ compiled (in parallel processes), checked against float32 autograd and its dK/dV
 pass timed separately, so the best tile of each pass shows on its own (the two passes may want
 different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
 
-Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon]
+Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic]
 Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
 best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
 """
@@ -49,12 +49,21 @@ DQ = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
 
 def gluon_grid() -> list[dict]:
     """The Gluon dK/dV pass (Q/dO ring depth, consumers, masking) with the dQ pass at
-    128 x 64, 8 warps, 3 stages, beside the shipped Triton defaults (D=128 and D=64)."""
+    128 x 64, 8 warps, 3 stages, the same with dQ added up inside it (dq_atomic), beside the
+    shipped Triton defaults (D=128 and D=64)."""
     out = [dict(GLUON, num_stages=s, consumers=c, causal_mode=mode, **DQ)
            for s, c, mode in itertools.product((2, 3), (2, 1), ("split", "masked"))]
+    out += [dict(GLUON, num_stages=s, consumers=c, dq_atomic=True) for s, c in itertools.product((2, 3), (2, 1))]
     out += [dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **DQ),
             dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **DQ)]
     return out
+
+
+def gluon_atomic_grid() -> list[dict]:
+    """The Gluon pass with dQ added up inside it, against the best Gluon pass with a dQ pass
+    (2026-12-01-h200-bwd-sweep-gluon.md) and the Triton default."""
+    return ([dict(GLUON, num_stages=s, consumers=c, dq_atomic=True) for s, c in itertools.product((2, 3), (2, 1))]
+            + [dict(GLUON, num_stages=2, consumers=2, **DQ), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **DQ)])
 
 
 def inputs(problem, seed: int = 0):
@@ -115,11 +124,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="stages 2 and 3 only")
     parser.add_argument("--jobs", type=int, default=14)
-    parser.add_argument("--set", choices=("triton", "gluon"), default="triton",
-                        help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults")
+    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic"), default="triton",
+                        help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults; "
+                             "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    configs = gluon_grid() if args.set == "gluon" else grid(args.quick)
+    configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid}.get(args.set, lambda: grid(args.quick))()
     started = time.time()
     work = [(i, c, p) for p in PROBLEMS for i, c in enumerate(configs)]
     errors: dict[tuple, str] = {}

@@ -397,7 +397,8 @@ class BackwardPlan:
     summed in registers), then dQ (Q tiles outer; every gradient written once), or with
     ``dq_atomic`` dQ added up in fp32 inside the dK/dV pass and cast into place after it. A
     Gluon config runs its own dK/dV pass (Q, K, V and dO through TMA descriptors built per
-    call) beside the Triton preprocess and dQ pass of :func:`triton_backward`."""
+    call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
+    ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
     __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors")
 
@@ -431,7 +432,8 @@ class BackwardPlan:
         if gluon:
             self.dkdv = Launch(load_module(config).KERNELS["dkdv"],
                                (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv),
-                               _BWD_DKDV_GLUON, scalars, flags, {"num_warps": config.num_warps})
+                               _BWD_DKDV_GLUON + (("DQAcc",) if config.dq_atomic else ()), scalars, flags,
+                               {"num_warps": config.num_warps})
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
                                                    "do": config.BLOCK_M})
@@ -450,6 +452,8 @@ class BackwardPlan:
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
         if self.descriptors is not None:
             descs = self.descriptors(q=q, k=k, v=v, do=dout)
+            if self.dq is None:  # dQ added up inside the Gluon pass
+                return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv, acc))]
             return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv)),
                     (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:

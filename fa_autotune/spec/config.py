@@ -211,7 +211,8 @@ class KernelConfig:
         if self.loop_order == "backward":
             dq = "_dq{}x{}w{}s{}".format(*self.dq_pass()) if any(getattr(self, f) for f in DQ_FIELDS) else ""
             return (f"attn_bwd_gluon_m{self.BLOCK_M}n{self.BLOCK_N}x{self.consumers}_s{self.num_stages}_"
-                    f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask") + dq)
+                    f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask")
+                    + ("_dqatomic" if self.dq_atomic else dq))
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -301,14 +302,13 @@ def _validate_decode(cfg: KernelConfig) -> None:
 
 def _validate_gluon_backward(cfg: KernelConfig) -> None:
     """The Gluon dK/dV pass (templates/attn_bwd_gluon.py.jinja): 64 query rows per step, 64
-    key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it."""
+    key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it, or with
+    dq_atomic added up in fp32 inside it."""
     if cfg.BLOCK_M != 64 or cfg.BLOCK_N != 64:
         raise ConfigError("BLOCK_M", "the Gluon backward steps 64 query rows past 64 key rows per consumer: "
                           f"BLOCK_M=64, BLOCK_N=64, got {cfg.BLOCK_M}, {cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
-    if cfg.dq_atomic:
-        raise ConfigError("dq_atomic", "the Gluon backward leaves dQ to its own (Triton) pass: use false")
     for name in ("overlap", "pingpong", "one_loop", "dynamic"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")

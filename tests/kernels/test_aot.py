@@ -302,22 +302,29 @@ def test_backward_variants_compile_for_hopper(problem, changes):
         assert result.uses_wgmma
 
 
-def test_gluon_backward_compiles_for_hopper():
+GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64,
+                 num_stages=2)
+
+
+@pytest.mark.parametrize("config", [KernelConfig(**GLUON_BWD, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3),
+                                    KernelConfig(**GLUON_BWD, dq_atomic=True)], ids=["dq-pass", "dq-atomic"])
+def test_gluon_backward_compiles_for_hopper(config):
     """The Gluon dK/dV pass compiles for sm_90 into FlashAttention-3's parts (a producer that
     gives registers to two consumers, TMA loads of K, V, Q and dO, mbarrier waits, async
     wgmma) beside the Triton preprocess and dQ pass of its Triton sibling, within shared
-    memory."""
+    memory; with dq_atomic there is no dQ pass, and the Gluon pass adds dQ up in fp32 itself
+    (five matrix products a step instead of four)."""
     from fa_autotune.kernels.launcher import triton_backward
 
-    config = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64,
-                          BLOCK_N=64, num_stages=2, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
     problem = Problem(2, 16, 4, 2048, 2048, 128, "bfloat16", causal=True, kind="bwd")
     (result,) = compile_many([config], problem, jobs=1)
     assert result.status == "ok", result.error
     sibling = triton_backward(config).name
-    assert {k.kernel for k in result.kernels} == {f"{sibling}_preprocess", f"{config.name}_dkdv", f"{sibling}_dq"}
+    passes = {f"{sibling}_preprocess", f"{config.name}_dkdv"} | (set() if config.dq_atomic else {f"{sibling}_dq"})
+    assert {k.kernel for k in result.kernels} == passes
     dkdv = next(k for k in result.kernels if k.kernel.endswith("_dkdv"))
     counts = dict(dkdv.instructions)
     assert "inc 240" in dkdv.setmaxnreg and any(b.startswith("dec") for b in dkdv.setmaxnreg)
     assert counts["wgmma.mma_async"] > 0 and counts["cp.async.bulk.tensor"] >= 4 and counts["mbarrier.try_wait"] > 0
+    assert (counts["atom.global"] > 0) == config.dq_atomic
     assert 0 < dkdv.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]

@@ -202,19 +202,22 @@ def test_gpu_backward_passes_on_two_streams_match_serial_and_cuda_graphs():
 
 GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64,
                  dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
+# dQ added up in fp32 inside the Gluon pass (no dQ pass, so no dQ pass shape)
+DQ_ATOMIC = dict(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stages=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Gluon dK/dV pass needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("changes", [{}, dict(num_stages=3), dict(causal_mode="masked"), dict(consumers=1)],
-                         ids=["s2", "s3", "masked", "one-consumer"])
+@pytest.mark.parametrize("changes", [{}, dict(num_stages=3), dict(causal_mode="masked"), dict(consumers=1),
+                                     dict(DQ_ATOMIC), dict(DQ_ATOMIC, causal_mode="masked", consumers=1)],
+                         ids=["s2", "s3", "masked", "one-consumer", "dq-atomic", "dq-atomic-masked-one-consumer"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c[2] <= 128],
                          ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-{'causal-' + c[4] if c[3] else 'full'}")
 def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
-    """The Gluon dK/dV pass (named, with the Triton preprocess and dQ pass): the same
-    criterion as the Triton backward, every gradient finite."""
+    """The Gluon dK/dV pass (named, with the Triton preprocess and dQ pass, or with dQ added
+    up inside it): the same criterion as the Triton backward, every gradient finite."""
     n_q, n_k, d, causal, align, hq, hkv = case
     q = torch.randn(2, hq, n_q, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(2, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -222,7 +225,7 @@ def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
     out, lse = fa_autotune.attention(q, k, v, causal=causal, causal_align=align, return_lse=True)
     got = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     offset = n_k - n_q if align == "bottom_right" else 0
-    plan = BackwardPlan(KernelConfig(**GLUON_BWD, **changes), q, k, v, out, dout, *got, d ** -0.5, offset, causal)
+    plan = BackwardPlan(KernelConfig(**dict(GLUON_BWD, **changes)), q, k, v, out, dout, *got, d ** -0.5, offset, causal)
     plan(q, k, v, out, dout, lse, *got)
     exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=causal, causal_align=align)
     same_precision = grads(reference, q, k, v, dout, causal=causal, causal_align=align)

@@ -127,12 +127,14 @@ def test_a_normalized_dq_pass_is_listed_as_the_values_it_stands_for():
 
 
 def test_gluon_backward_configs():
-    """The Gluon dK/dV pass: 64-row tiles, its dQ in the Triton pass (no atomics), none of the
-    forward's schedule knobs; named apart from the Triton backward."""
+    """The Gluon dK/dV pass: 64-row tiles, its dQ in the Triton pass or added up inside it
+    (then no dQ pass shape), none of the forward's schedule knobs; named apart from the
+    Triton backward."""
     base = dict(loop_order="backward", language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=64)
     config = KernelConfig(**base, dq_block_m=128, dq_warps=8)
     assert config.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dq128x64w8s3"
-    for changes, field in ((dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True), "dq_atomic"),
+    assert KernelConfig(**base, dq_atomic=True).name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic"
+    for changes, field in ((dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True, dq_warps=8), "dq_warps"),
                            (dict(consumers=3, consumer_regs=160), "consumers"), (dict(pingpong=True), "pingpong"),
                            (dict(access="pointer"), "access"), (dict(loop_order="decode"), None)):
         with pytest.raises(ConfigError) as caught:
