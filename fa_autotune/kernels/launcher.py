@@ -623,10 +623,16 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:
+    """The softmax scale (1/sqrt(head_dim) by default). Positive only: every kernel takes the
+    running row max of the raw scores and scales it after (max(S) * scale, one multiply per
+    row instead of one per score), which is the max of the scaled scores only for scale > 0,
+    and masked scores are -inf before scaling (-inf * 0 is NaN)."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise InputError(f"scale must be a finite number, got {scale!r}")
+    if scale <= 0:
+        raise InputError(f"scale must be positive (the kernels fold it into the running row max), got {scale!r}")
     return float(scale)
 
 
