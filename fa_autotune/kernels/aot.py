@@ -208,7 +208,7 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
 
 # What proves a Hopper variant uses the hardware it was written for.
 INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive",
-                "tensormap.replace", "cp.async.cg.shared.global", "atom.global")
+                "tensormap.replace", "cp.async.cg.shared.global", "atom.global", "cp.reduce.async.bulk.tensor")
 
 
 def instruction_counts(ptx: str) -> tuple[tuple[str, int], ...]:

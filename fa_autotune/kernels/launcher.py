@@ -38,7 +38,7 @@ _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
 _GLUON = ("q_desc", "k_desc", "v_desc", "o_desc", "Lse")
-_GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 _NO_SCALES = (None, None, None)
 _DECODE = ("Q", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "Out", "Lse", "OPart", "LsePart")
 _DECODE_COMBINE = ("OPart", "LsePart", "Out", "Lse")
@@ -400,7 +400,7 @@ class BackwardPlan:
     call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
     ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
-    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors")
+    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors", "acc_descriptor")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -428,15 +428,17 @@ class BackwardPlan:
         q_tiles = triton.cdiv(n_q, config.BLOCK_M)
         self.pre = Launch(module.KERNELS["preprocess"], (q_tiles, batch * heads), _BWD_PRE, scalars, flags,
                           {"num_warps": 4})
-        self.descriptors = None
+        self.descriptors = self.acc_descriptor = None
         if gluon:
             self.dkdv = Launch(load_module(config).KERNELS["dkdv"],
                                (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv),
-                               _BWD_DKDV_GLUON + (("DQAcc",) if config.dq_atomic else ()), scalars, flags,
+                               _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ()), scalars, flags,
                                {"num_warps": config.num_warps})
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
                                                    "do": config.BLOCK_M})
+            # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows
+            self.acc_descriptor = _gluon_descriptors(torch.float32, flags["HEAD_DIM_PAD"], {"dq": config.BLOCK_M})
         else:
             self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv),
                                _BWD_DKDV, scalars, flags, options)
@@ -453,7 +455,8 @@ class BackwardPlan:
         if self.descriptors is not None:
             descs = self.descriptors(q=q, k=k, v=v, do=dout)
             if self.dq is None:  # dQ added up inside the Gluon pass
-                return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv, acc))]
+                return [(self.pre, (out, dout, delta)),
+                        (self.dkdv, (*descs, lse, delta, dk, dv, *self.acc_descriptor(dq=acc)))]
             return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv)),
                     (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:
