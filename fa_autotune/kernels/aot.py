@@ -12,6 +12,7 @@ pointers are marked 16-divisible, None is a constant.
 """
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import re
@@ -58,6 +59,16 @@ class KernelReport:
     setmaxnreg: tuple[str, ...] = ()  # register budgets the partitions set, e.g. ("dec 24", "inc 240")
     registers: int | None = None  # per thread, as ptxas allotted them (None: cuobjdump missing)
     stack_bytes: int | None = None  # local stack per thread: nonzero means ptxas spilled registers
+    sass: str = ""  # the disassembly, when asked for (compile_variant(..., sass=True))
+
+    @property
+    def step_loop_local_memory(self) -> int | None:
+        """Local loads and stores (spill traffic) inside the innermost loops that issue wgmma
+        (the K/V steps), where a spill costs on every step; None without the SASS. A small
+        stack used only outside those loops costs once per tile."""
+        if not self.sass:
+            return None
+        return sum(ops["LDL"] + ops["STL"] for _, _, ops in sass_loops(self.sass, innermost=True) if ops["HGMMA"])
 
 
 @dataclass(frozen=True)
@@ -161,9 +172,11 @@ def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
     return signature, consts, attrs
 
 
-def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER) -> CompileResult:
+def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER,
+                    sass: bool = False) -> CompileResult:
     """Compile every kernel of ``config`` for ``problem`` on ``capability``; never raises for
-    a kernel that fails, it reports the failure as a status."""
+    a kernel that fails, it reports the failure as a status. ``sass``: keep each kernel's
+    disassembly in its report (for instruction counts per loop; the tuner does not need it)."""
     if interpreter_active():
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
@@ -199,7 +212,8 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         ptx = compiled.asm.get("ptx", "")
         registers, stack = resource_usage(compiled.asm.get("cubin", b""))
         reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
-                                    _mma_kinds(ptx), instruction_counts(ptx), _setmaxnreg(ptx), registers, stack))
+                                    _mma_kinds(ptx), instruction_counts(ptx), _setmaxnreg(ptx), registers, stack,
+                                    disassemble(compiled.asm.get("cubin", b"")) if sass else ""))
         if compiled.metadata.shared > limit:
             return CompileResult(config, "out_of_resources", time.perf_counter() - start, tuple(reports),
                                  f"{fn.__name__} needs {compiled.metadata.shared} bytes of shared memory, limit {limit}")
@@ -235,6 +249,38 @@ def resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
     return (int(match.group(1)), int(match.group(2))) if match else (None, None)
 
 
+def disassemble(cubin: bytes) -> str:
+    """The SASS of a cubin ("" where cuobjdump is missing or cannot read it)."""
+    if not cubin or not _CUOBJDUMP.exists():
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            return subprocess.run([str(_CUOBJDUMP), "-sass", f.name], capture_output=True, text=True,
+                                  timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+
+def sass_loops(sass: str, innermost: bool = False) -> list[tuple[int, int, collections.Counter]]:
+    """(first address, last address, opcode counts) of every loop in a SASS listing (the
+    body of each backward branch); ``innermost``: only loops holding no other loop."""
+    ins = [(int(m.group(1), 16), m.group(2).strip())
+           for m in re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    spans = []
+    for i, (address, text) in enumerate(ins):
+        branch = re.search(r"BRA.*0x([0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address and int(branch.group(1), 16) in index:
+            spans.append((index[int(branch.group(1), 16)], i))
+    if innermost:
+        spans = [(s, e) for s, e in spans if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in spans)]
+    return [(ins[s][0], ins[e][0],
+             collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in ins[s:e + 1]))
+            for s, e in spans]
+
+
 def _setmaxnreg(ptx: str) -> tuple[str, ...]:
     return tuple(f"{kind} {regs}" for kind, regs in re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx))
 
@@ -243,12 +289,13 @@ def _mma_kinds(ptx: str) -> tuple[str, ...]:
     return tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)", ptx))))
 
 
-def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int]]) -> CompileResult:
+def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool]) -> CompileResult:
     return compile_variant(*job)
 
 
 def compile_many(
-    configs: Iterable[KernelConfig], problem: Problem, capability: tuple[int, int] = HOPPER, jobs: int | None = None
+    configs: Iterable[KernelConfig], problem: Problem, capability: tuple[int, int] = HOPPER, jobs: int | None = None,
+    sass: bool = False,
 ) -> list[CompileResult]:
     """Compile many variants in a pool of fresh worker processes (never interpreted)."""
     configs = list(configs)
@@ -256,4 +303,4 @@ def compile_many(
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=compiler_init,
                              initargs=(os.getpid(),)) as pool:
-        return list(pool.map(_compile_job, [(c, problem, capability) for c in configs]))
+        return list(pool.map(_compile_job, [(c, problem, capability, sass) for c in configs]))

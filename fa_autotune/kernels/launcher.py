@@ -437,11 +437,10 @@ class BackwardPlan:
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
                                                    "do": config.BLOCK_M})
-            # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows (two consumers:
-            # half of the columns each)
-            split = 2 if config.dq_atomic and config.consumers == 2 else 1
-            self.acc_descriptor = _gluon_descriptors(torch.float32, flags["HEAD_DIM_PAD"] // split,
-                                                     {"dq": config.BLOCK_M})
+            if config.dq_atomic:  # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows
+                split = 2 if config.consumers == 2 else 1  # two consumers: half of the columns each
+                self.acc_descriptor = _gluon_descriptors(torch.float32, flags["HEAD_DIM_PAD"] // split,
+                                                         {"dq": config.BLOCK_M})
         else:
             self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv),
                                _BWD_DKDV, scalars, flags, options)

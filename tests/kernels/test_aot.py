@@ -186,16 +186,15 @@ def test_gluon_variants_past_shared_memory_are_statuses():
 
 def test_reports_registers_and_spills():
     """The report reads ptxas's allotment from the cubin: FlashAttention-3's two 64-row
-    consumers keep their accumulators in registers (a frame of at most a few words, which
-    holds a per-tile value outside the K/V step loops: `benchmarks/sass_loops.py` shows no
-    local loads or stores inside them), while one consumer holding 128 rows spills hundreds
-    of bytes (why the search space leaves it out)."""
+    consumers keep their accumulators in registers (no local loads or stores in the K/V step
+    loops; a frame of a few words holds a per-tile value outside them), while one consumer
+    holding 128 rows spills hundreds of bytes (why the search space leaves it out)."""
     two = KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1)
     one = KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=128, BLOCK_N=128, num_stages=2,
                        consumers=1)
-    fits, spills = (compile_many([c], CAUSAL, jobs=1)[0].kernels[0] for c in (two, one))
-    assert fits.registers and fits.stack_bytes <= 32
-    assert spills.stack_bytes > 512
+    fits, spills = (compile_many([c], CAUSAL, jobs=1, sass=True)[0].kernels[0] for c in (two, one))
+    assert fits.registers and fits.stack_bytes <= 32 and fits.step_loop_local_memory == 0
+    assert spills.stack_bytes > 512 and spills.step_loop_local_memory > 0
 
 
 @pytest.mark.parametrize("config", [KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
