@@ -4,6 +4,7 @@ pass timed separately, so the best tile of each pass shows on its own (the two p
 different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
 
 Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic]
+           [--problems n4096|short]
 Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
 best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
 """
@@ -26,6 +27,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # (batch, heads, kv_heads, seqlen, head_dim, causal): llm-prefill shapes (B * N = 16384)
 PROBLEMS = [(4, 16, 16, 4096, 128, False), (4, 16, 16, 4096, 128, True),
             (4, 32, 32, 4096, 64, False), (4, 32, 32, 4096, 64, True)]
+# --problems short: llm-prefill's N=1024 shapes and two at N=2048 (where the Gluon pass's
+# programs have few query tiles each)
+SHORT = [(16, 16, 16, 1024, 128, False), (16, 16, 16, 1024, 128, True), (16, 32, 32, 1024, 64, False),
+         (16, 32, 32, 1024, 64, True), (8, 16, 16, 2048, 128, False), (8, 32, 32, 2048, 64, True)]
 TILES = [(32, 64), (32, 128), (64, 64), (64, 128), (128, 64), (128, 32), (64, 32)]
 
 
@@ -63,7 +68,8 @@ def gluon_atomic_grid() -> list[dict]:
     """The Gluon pass with dQ added up inside it, against the best Gluon pass with a dQ pass
     (2026-12-01-h200-bwd-sweep-gluon.md) and the Triton default."""
     return ([dict(GLUON, num_stages=s, consumers=c, dq_atomic=True) for s, c in itertools.product((2, 3), (2, 1))]
-            + [dict(GLUON, num_stages=2, consumers=2, **DQ), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **DQ)])
+            + [dict(GLUON, num_stages=2, consumers=2, **DQ), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **DQ),
+               dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **DQ)])
 
 
 def inputs(problem, seed: int = 0):
@@ -124,6 +130,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="stages 2 and 3 only")
     parser.add_argument("--jobs", type=int, default=14)
+    parser.add_argument("--problems", choices=("n4096", "short"), default="n4096",
+                        help="n4096: llm-prefill's N=4096 shapes; short: its N=1024 ones and two at N=2048")
     parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic"), default="triton",
                         help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults; "
                              "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass")
@@ -131,7 +139,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid}.get(args.set, lambda: grid(args.quick))()
     started = time.time()
-    work = [(i, c, p) for p in PROBLEMS for i, c in enumerate(configs)]
+    problems = SHORT if args.problems == "short" else PROBLEMS
+    work = [(i, c, p) for p in problems for i, c in enumerate(configs)]
     errors: dict[tuple, str] = {}
     with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
         for (i, _, p), (_, err) in zip(work, pool.map(compile_one, work)):
@@ -139,7 +148,7 @@ def main() -> None:
                 errors[(i, p)] = err
     print(f"compiled {len(work)} in {time.time() - started:.0f} s, {len(errors)} failed", flush=True)
     rows = []
-    for problem in PROBLEMS:
+    for problem in problems:
         b, h, hkv, n, d, causal = problem
         tensors = inputs(problem)
         exact = reference(*tensors, causal, torch.float32)

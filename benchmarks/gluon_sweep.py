@@ -1,7 +1,8 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal] [--problems mixed|llm|causal|d64|short_causal] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|consumers|one_loop|l2|dynamic|d64|short_causal|exp2_emu]
+        [--problems mixed|llm|causal|d64|d64_all|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -115,7 +116,27 @@ VARIANT_SETS = {
         "static 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True),
         "dyn pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
     },
+    # D=64: one score in every N of an unmasked step exponentiated on the FMA units
+    # (exp2_emu, FlashAttention-4's emulation) in the shipped D=64 kernels
+    "exp2_emu": {
+        "dyn plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False,
+                                one_loop=True),
+        **{f"dyn plain 1loop emu{n}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True,
+                                           overlap=False, one_loop=True, exp2_emu=n) for n in (4, 8, 16)},
+        "dyn 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, one_loop=True),
+        "dyn 1loop emu8": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, one_loop=True,
+                               exp2_emu=8),
+        "3c r160 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160, persistent=1),
+        **{f"3c r160 pers emu{n}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                        persistent=1, exp2_emu=n) for n in (4, 8)},
+    },
 }
+
+
+def d64_all_problems(quick: bool) -> list[Problem]:
+    """llm-prefill's D=64 problems, causal and not."""
+    return [Problem(16384 // n, 32, 32, n, n, 64, dtype, causal) for dtype in ("bfloat16", "float16")[:1 if quick else 2]
+            for n in (1024, 4096, 16384) for causal in (False, True)]
 
 
 def short_causal_problems(quick: bool) -> list[Problem]:
@@ -211,16 +232,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
-    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "short_causal"), default="mixed",
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "short_causal"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
-                             "ones and two GQA; d64: llm-prefill's causal D=64 ones; short_causal: its N=1024 "
+                             "ones and two GQA; d64: llm-prefill's causal D=64 ones; d64_all: its D=64 ones; short_causal: its N=1024 "
                              "causal ones")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     args = parser.parse_args()
     results = []
     chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
-              "short_causal": short_causal_problems}[args.problems]
+              "d64_all": d64_all_problems, "short_causal": short_causal_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)

@@ -40,14 +40,17 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "dq_atomic": False,
+                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "exp2_emu": 0,
+                      "dq_atomic": False,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
-GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic")
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "exp2_emu")
+# exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
+GLUON_EXP2_EMU = (0, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,11 @@ class KernelConfig:
     # Gluon, persistent grid: programs take their next tile from an atomic counter (balances
     # causal grids, whose tiles differ in length) instead of every programs-th tile.
     dynamic: bool = False
+    # Gluon forward: one score in every `exp2_emu` of an unmasked step gets 2**x from a
+    # degree-3 polynomial on the FMA units instead of the MUFU unit (FlashAttention-4's
+    # emulation; at D=64 the MUFU unit's exp2 takes as long as the step's matrix products);
+    # 0 keeps every exp2 on the MUFU unit.
+    exp2_emu: int = 0
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
@@ -225,6 +233,8 @@ class KernelConfig:
             parts.append(f"pers{self.persistent}")
         if self.dynamic:
             parts.append("dyn")
+        if self.exp2_emu:
+            parts.append(f"emu{self.exp2_emu}")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -309,7 +319,7 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
                           f"BLOCK_M=64, BLOCK_N=64, got {cfg.BLOCK_M}, {cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
-    for name in ("overlap", "pingpong", "one_loop", "dynamic"):
+    for name in ("overlap", "pingpong", "one_loop", "dynamic", "exp2_emu"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
 
@@ -354,6 +364,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_choice("language", cfg.language, LANGUAGES)
     _check_choice("consumers", cfg.consumers, GLUON_CONSUMERS)
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
+    _check_int("exp2_emu", cfg.exp2_emu, GLUON_EXP2_EMU, lo=0)
     for name in ("overlap", "pingpong", "one_loop", "dynamic"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")

@@ -27,8 +27,9 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     best of an H200 sweep somewhere: the default; on causal grids the same with dynamic tile
     scheduling (1.00-1.06x cuDNN at N >= 4096) and without the intra-warpgroup overlap in one
     K/V loop, dynamic and static (the best Gluon kernels at D=64); three consumers at D <= 64
-    without a mask (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
-    -sweep-consumers.md)."""
+    without a mask; at D <= 64 the best D=64 structure with part of its exp2 on the FMA units
+    (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
+    -sweep-consumers.md, -exp2-emu.md)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
             or problem.head_dim_pad > 128 or problem.decode or problem.backward:
         return []
@@ -41,6 +42,8 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
         out.append(GLUON_DEFAULT.with_(overlap=False))
         if problem.head_dim_pad <= 64:
             out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160))
+    if problem.head_dim <= 64:  # part of the exp2 on the FMA units (2026-12-01-h200-gluon-exp2-emu.md)
+        out.append(out[2 if problem.causal else 1].with_(exp2_emu=16 if problem.causal else 8))
     return out
 
 
@@ -52,7 +55,7 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     if problem.decode:
         return decode_default(problem, capability, sm_count)
     if problem.backward:
-        return backward_default(problem, capability)
+        return backward_default(problem, capability, gluon)
     d = problem.head_dim_pad
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
@@ -116,15 +119,35 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     return out
 
 
-def backward_default(problem: Problem, capability: tuple[int, int] | None = None) -> KernelConfig:
-    """The backward kernels' tiles from an H200 sweep (benchmarks/results/2026-12-01-h200-bwd-sweep.md):
-    dK/dV keeps 64 K/V rows against 64 streamed query rows at D=128 (2 stages; 128 against 32
-    with 3 stages at D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows
-    with 8 warps and 3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
+# FlashAttention-3's backward in Gluon on Hopper (fp16/bf16, D <= 128): a TMA producer and two
+# consumer warpgroups of 64 key rows. At D <= 64 dQ is added up inside it by TMA bulk reduces;
+# past that the Triton dQ pass runs beside it (at D=128 the in-pass dQ was 15% slower). On an
+# H200 (benchmarks/results/2026-12-01-h200-bwd-sweep-gluon-dq-reduce.md): at N=4096 0.86x
+# cuDNN at D=64 and 0.77-0.81x at D=128 against 0.73-0.80x for the Triton defaults; at N=1024
+# it tied them at D=128 and lost 7% at D=64, where each program has few query tiles to
+# amortize its start (so D <= 64 keeps the Triton kernels below 2048 queries).
+_GLUON_BACKWARD_MIN_QUERIES_D64 = 2048
+GLUON_BACKWARD = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64,
+                              num_warps=4, num_stages=2, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
+
+
+def backward_default(problem: Problem, capability: tuple[int, int] | None = None, gluon: bool = True) -> KernelConfig:
+    """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 up to D=128 the Gluon
+    dK/dV pass (GLUON_BACKWARD; at D <= 64 only from 2048 query rows per KV head;
+    ``gluon=False`` for inputs it cannot read); otherwise the
+    Triton kernels (benchmarks/results/2026-12-01-h200-bwd-sweep.md): dK/dV keeps 64 K/V rows
+    against 64 streamed query rows at D=128 (2 stages; 128 against 32 with 3 stages at
+    D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows with 8 warps and
+    3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
     if capability is None:
         return KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if problem.head_dim_pad > 128:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
+    if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16"):
+        if problem.head_dim_pad > 64:
+            return GLUON_BACKWARD
+        if problem.seqlen_q * problem.gqa_group >= _GLUON_BACKWARD_MIN_QUERIES_D64:
+            return GLUON_BACKWARD.with_(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stages=0)
     dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
     if problem.head_dim_pad <= 64:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **dq)

@@ -141,6 +141,8 @@ GLUON_SAMPLE = [
     (FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, pingpong=True, persistent=1, consumer_regs=232)),
     (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, one_loop=True, dynamic=True)),
     (PADDED, KernelConfig(**GLUON, BLOCK_N=64, num_stages=2, overlap=False, one_loop=True)),
+    (CAUSAL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False,
+                          one_loop=True, exp2_emu=8)),
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=64, num_stages=4, persistent=1, causal_mode="masked")),
 ]
@@ -173,6 +175,7 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert counts["wgmma.mma_async"] > 0 and counts["cp.async.bulk.tensor"] >= 4
     assert counts["mbarrier.try_wait"] > 0 and counts["tensormap.replace"] == 0
     assert 0 < kernel.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    assert (counts["add.rm.ftz.f32"] > 0) == bool(config.exp2_emu)  # the FMA-unit exp2, only when asked
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
     assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
 

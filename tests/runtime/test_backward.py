@@ -115,19 +115,50 @@ def test_backward_of_empty_and_wrong_shapes(device):
         attention_backward(q, k, v, out, lse, torch.empty(1, 2, 3, 16, device=device))
 
 
+def test_backward_plans_are_kept_per_layout(device, monkeypatch):
+    """A second backward of the same layout reuses its config and launch plan (no dispatch,
+    no JIT path); another layout, or a base address TMA could not read, gets its own; the
+    gradients stay those of a fresh plan."""
+    from fa_autotune.runtime import api
+
+    built = []
+
+    class Counting(BackwardPlan):
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_PLANS", {})
+    monkeypatch.setattr(api, "BackwardPlan", Counting)
+    q, k, v = (torch.randn(1, 2, 20, 16, device=device) for _ in range(3))
+    out, lse = fa_autotune.attention(q, k, v, causal=True, return_lse=True)
+    dout = torch.randn_like(out)
+    first = attention_backward(q, k, v, out, lse, dout, causal=True)
+    again = attention_backward(q, k, v, out, lse, dout, causal=True)
+    assert len(built) == 1 and all(torch.equal(a, b) for a, b in zip(first, again))
+    attention_backward(q, k, v, out, lse, dout, causal=False)  # another problem
+    shifted = torch.randn(1 * 2 * 20 * 16 + 1, device=device)[1:].view(1, 2, 20, 16)  # 4-byte aligned only
+    shifted.copy_(q)
+    moved = attention_backward(shifted, k, v, out, lse, dout, causal=True)
+    assert len(built) == 3 and all(torch.equal(a, b) for a, b in zip(first, moved))
+    with pytest.raises(fa_autotune.InputError, match="output gradient"):  # checked before any plan is kept
+        attention_backward(q, k, v, out, lse, dout[:, :, :5], causal=True)
+
+
 def test_deterministic_backward_avoids_atomics(device, monkeypatch):
     """A dispatched atomic-dQ config is replaced by the two-pass one under deterministic=True:
     two backward passes then agree bit for bit."""
     from fa_autotune.runtime import api
 
     atomic = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_stages=1, dq_atomic=True)
-    monkeypatch.setattr(api, "backward_default", lambda problem, capability: atomic)
+    monkeypatch.setattr(api, "backward_default", lambda problem, capability, gluon=True: atomic)
+    monkeypatch.setattr(api, "_PLANS", {})  # no plan kept from another test
     q = torch.randn(1, 2, 33, 16, device=device)
     k, v = torch.randn(1, 2, 40, 16, device=device), torch.randn(1, 2, 40, 16, device=device)
     dout = torch.randn_like(q)
     runs = [grads(fa_autotune.attention, q, k, v, dout, deterministic=True) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
-    chosen = api._backward_config(fa_autotune.Problem(1, 2, 2, 33, 40, 16, "float32", kind="bwd"), q, True)
+    chosen = api._backward_config(fa_autotune.Problem(1, 2, 2, 33, 40, 16, "float32", kind="bwd"), q, k, v, dout, True)
     assert chosen == atomic.with_(dq_atomic=False)
     want = grads(reference, q, k, v, dout)
     assert all(rel(a, w) < 1e-5 for a, w in zip(runs[0], want))

@@ -51,12 +51,13 @@ def test_gluon_names_spell_the_schedule():
     assert cfg.name == "attn_fwd_gluon_m64x2n128_s2_r232_cband_ov_pp_pers1"
     assert KernelConfig(**dict(GLUON, overlap=False, causal_mode="masked")).name.endswith("_cmask")
     assert KernelConfig(**GLUON, one_loop=True).name.endswith("_ov_1loop")
+    assert KernelConfig(**GLUON, exp2_emu=8).name.endswith("_ov_emu8")
 
 
 def test_triton_configs_keep_their_canonical_json():
     """Configs stored before the Gluon knobs existed keep their keys (no re-tune, no orphans)."""
     text = KernelConfig().canonical_json()
-    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong", "one_loop"):
+    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "exp2_emu"):
         assert f'"{name}"' not in text
     assert json.loads(KernelConfig(**GLUON).canonical_json())["language"] == "gluon"
 
@@ -79,6 +80,9 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(language="cuda"), "language"),
     (dict(one_loop=True, causal_mode="masked"), "one_loop"),
     (dict(one_loop=1), "one_loop"),
+    (dict(exp2_emu=3), "exp2_emu"),  # not a divisor of any thread's score count
+    (dict(exp2_emu=True), "exp2_emu"),
+    (dict(loop_order="backward", BLOCK_N=64, exp2_emu=8), "exp2_emu"),  # the backward has no such step
 ])
 def test_gluon_configs_are_validated(changes, field):
     with pytest.raises(ConfigError) as info:
@@ -88,7 +92,7 @@ def test_gluon_configs_are_validated(changes, field):
 
 def test_triton_configs_refuse_gluon_knobs():
     for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232),
-                        ("one_loop", True)):
+                        ("one_loop", True), ("exp2_emu", 8)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fa_autotune.spec.defaults import GLUON_DEFAULT, default_config, defaults_for
+from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT, backward_default, default_config, defaults_for
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.target import GpuInfo
 
@@ -55,7 +55,31 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
     assert candidates[0] == GLUON_DEFAULT and len(set(candidates)) == len(candidates)
     assert any(c.dynamic for c in candidates) == problem.causal
     assert any(c.consumers == 3 for c in candidates) == (not problem.causal and problem.head_dim <= 64)
+    assert any(c.exp2_emu for c in candidates) == (problem.head_dim <= 64)
     grid = set(load_space("fwd").for_arch("sm90").grid(problem))
     assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
     assert gluon_candidates(problem, (8, 0)) == gluon_candidates(problem, None) == []
     assert gluon_candidates(Problem(2, 16, 16, 1024, 1024, 128, "float32"), (9, 0)) == []
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_hopper_backward_defaults_to_gluon(dtype):
+    """The Gluon backward on Hopper in fp16/bf16 up to D=128: dQ added up inside it at D <= 64,
+    in the Triton pass beside it past that; the Triton kernels for fp32, D=256, other GPUs,
+    the interpreter, and (gluon=False) inputs the Gluon pass cannot read."""
+    d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
+    assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(dq_atomic=True, dq_block_m=0, dq_block_n=0,
+                                                                 dq_warps=0, dq_stages=0)
+    assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and not GLUON_BACKWARD.dq_atomic
+    assert default_config(d128, (9, 0)) == GLUON_BACKWARD
+    first, second = defaults_for(d128, HOPPER)
+    assert first == GLUON_BACKWARD and second == backward_default(d128, (9, 0), gluon=False)
+    short = Problem(16, 32, 32, 1024, 1024, 64, dtype, kind="bwd")  # D=64, few query tiles a program
+    assert backward_default(short, (9, 0)) == backward_default(short, (9, 0), gluon=False)
+    assert backward_default(Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd"), (9, 0)).language == "gluon"
+    for problem, capability in ((d128, (9, 0)), (d128, (8, 0)), (d128, None),
+                                (Problem(4, 16, 16, 4096, 4096, 128, "float32", kind="bwd"), (9, 0)),
+                                (Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd"), (9, 0))):
+        config = backward_default(problem, capability, gluon=capability != (9, 0) or problem.dtype == "float32"
+                                  or problem.head_dim > 128)
+        assert config.language == "triton" and config.loop_order == "backward", (problem.key, capability)

@@ -131,6 +131,9 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     assert not any(c.one_loop for c in hopper if c.language == "triton")
     d64 = [c for c in space.for_arch("sm90").grid(dataclasses.replace(problem, head_dim=64)) if c.language == "gluon"]
     assert {(c.consumers, c.consumer_regs) for c in d64} == {(2, 232), (2, 240), (3, 160)}
+    # part of the exp2 on the FMA units only where the MUFU unit bounds the step (D <= 64)
+    assert {c.exp2_emu for c in d64} == {0, 8, 16} and {c.exp2_emu for c in gluon} == {0}
+    assert not any(c.exp2_emu for c in hopper if c.language == "triton")
     assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
     for dtype in ("float32", "float8_e4m3fn"):
         assert not any(c.language == "gluon" for c in space.for_arch("sm90").grid(problem.with_dtype(dtype)))
@@ -233,3 +236,14 @@ def test_backward_space_and_presets():
         capability = None if arch == "interpreter" else (9, 0)
         for problem in (problems[0], Problem(1, 8, 8, 512, 512, 256, "bfloat16", kind="bwd")):
             assert backward_default(problem, capability) in space.for_arch(arch).grid(problem), (arch, problem.key)
+    # Hopper: the Gluon pass beside the Triton kernels (both built-in defaults are grid points,
+    # at D=64 with dQ inside it, at D=128 with the dQ pass), never for fp32
+    hopper = space.for_arch("sm90")
+    for problem in (problems[0], next(p for p in problems if p.head_dim == 128)):
+        grid = hopper.grid(problem)
+        assert {c.language for c in grid} == {"triton", "gluon"}
+        assert {c.dq_atomic for c in grid if c.language == "gluon"} == {False, True}
+        for gluon in (True, False):
+            assert backward_default(problem, (9, 0), gluon) in grid, (problem.key, gluon)
+    fp32 = Problem(1, 8, 8, 512, 512, 64, "float32", kind="bwd")
+    assert {c.language for c in hopper.grid(fp32)} == {"triton"}
