@@ -554,60 +554,90 @@ def varlen_config(*candidates: KernelConfig, gluon: bool = False) -> KernelConfi
 
 def run_varlen(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                cu_k: torch.Tensor, max_q: int, scale: float, causal: bool, out: torch.Tensor,
-               lse: torch.Tensor | None) -> None:
+               lse: torch.Tensor | None, plan: "VarlenPlan | None" = None) -> "VarlenPlan | None":
     """Packed sequences (flash-attn's varlen layout): q (total_q, H, D), k/v (total_k, Hkv, D),
     sequence b in rows cu_q[b]..cu_q[b+1] (keys cu_k), validated by the caller; ``config``
-    as :func:`varlen_config` gives it. LSE (H, total_q). One launch, no host synchronisation."""
+    as :func:`varlen_config` gives it. LSE (H, total_q). One launch, no host synchronisation.
+    Returns the plan it ran (``plan``, or a new one for this layout) for the next call."""
     if q.shape[0] == 0 or cu_q.numel() < 2 or max_q == 0:
         if lse is not None:
             lse.fill_(-math.inf)
-        return
+        return plan
     check_interpretable(q)
-    launch, args = varlen_launch(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
     try:
-        launch(*args)
+        if plan is None:
+            plan = VarlenPlan(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
+        plan(q, k, v, cu_q, cu_k, out, lse)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
         if failure is exc:
             raise
         raise failure from exc
+    return plan
 
 
 def varlen_launch(config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
                   lse) -> tuple[Launch, tuple]:
     """The variable-length kernel's launch and its per-call tensors (also what ahead-of-time
     compilation specialises on)."""
-    batch, heads, head_dim = cu_q.numel() - 1, q.shape[1], q.shape[2]
-    kernel = load_module(config).KERNELS.get("varlen")
-    if kernel is None:
-        raise ConfigError("access", f"{config.name} has no variable-length kernel (see varlen_config)")
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    if config.language == "gluon":
-        return _gluon_varlen(config, kernel, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse, head_dim_pad)
-    scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
-                               "qk_scale": scale * LOG2E}
-    for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):  # packed: no batch stride
-        scalars.update({f"stride_{prefix}b": 0, f"stride_{prefix}h": t.stride(1), f"stride_{prefix}n": t.stride(0),
-                        f"stride_{prefix}d": t.stride(2)})
-    fp8_capable = "FP8" in kernel.arg_names
-    flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "EVEN_N": False,
-             "WRITE_LSE": lse is not None, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
-    tensors = _VARLEN
-    if fp8_capable:  # the same body as the dense kernel, its FP8 path compiled out
-        scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
-        scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
-        flags["FP8"] = False
-        tensors = _VARLEN + _FP8_SCALES
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg:
-        options["maxnreg"] = config.maxnreg
-    grid = (triton.cdiv(max(max_q, 1), config.BLOCK_M * config.q_tiles) * max(batch, 1) * heads,)
-    launch = Launch(kernel, grid, tensors, scalars, flags, options)
-    return launch, (q, k, v, out, lse, cu_q, cu_k, *(_NO_SCALES if fp8_capable else ()))
+    plan = VarlenPlan(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
+    return plan.launch, plan.args(q, k, v, cu_q, cu_k, out, lse)
 
 
-def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
-                  lse, head_dim_pad: int) -> tuple[Launch, tuple]:
+class VarlenPlan:
+    """The variable-length kernel of ``config`` for one layout of packed q, k, v (and one
+    batch size, longest sequence and total token count, which fix its grid and scalars);
+    called with the tensors of each call. Kept by attention_varlen per layout: building it
+    sends the kernel through Triton's JIT path, as the backward's plans showed (0.45 ms a
+    call)."""
+
+    __slots__ = ("launch", "descriptors", "config", "extra")
+
+    def __init__(self, config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
+                 lse) -> None:
+        batch, heads, head_dim = cu_q.numel() - 1, q.shape[1], q.shape[2]
+        kernel = load_module(config).KERNELS.get("varlen")
+        if kernel is None:
+            raise ConfigError("access", f"{config.name} has no variable-length kernel (see varlen_config)")
+        head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+        self.config, self.descriptors, self.extra = config, None, ()
+        if config.language == "gluon":
+            self.launch, self.descriptors = _gluon_varlen(config, kernel, q, k, v, cu_q, max_q, scale, causal, out,
+                                                          lse, head_dim_pad)
+            return
+        scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
+                                   "qk_scale": scale * LOG2E}
+        for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out)):  # packed: no batch stride
+            scalars.update({f"stride_{prefix}b": 0, f"stride_{prefix}h": t.stride(1),
+                            f"stride_{prefix}n": t.stride(0), f"stride_{prefix}d": t.stride(2)})
+        fp8_capable = "FP8" in kernel.arg_names
+        flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "EVEN_N": False,
+                 "WRITE_LSE": lse is not None, "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32"}
+        tensors = _VARLEN
+        if fp8_capable:  # the same body as the dense kernel, its FP8 path compiled out
+            scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
+            scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+            flags["FP8"] = False
+            tensors = _VARLEN + _FP8_SCALES
+            self.extra = _NO_SCALES
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if config.maxnreg:
+            options["maxnreg"] = config.maxnreg
+        grid = (triton.cdiv(max(max_q, 1), config.BLOCK_M * config.q_tiles) * max(batch, 1) * heads,)
+        self.launch = Launch(kernel, grid, tensors, scalars, flags, options)
+
+    def args(self, q, k, v, cu_q, cu_k, out, lse) -> tuple:
+        if self.descriptors is None:
+            return (q, k, v, out, lse, cu_q, cu_k, *self.extra)
+        views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkv", (q, k, v))}  # (1, heads, rows, D)
+        return (*self.descriptors(**views), out, lse, cu_q, cu_k, *_tile_counter(self.config, q.device))
+
+    def __call__(self, q, k, v, cu_q, cu_k, out, lse) -> None:
+        self.launch(*self.args(q, k, v, cu_q, cu_k, out, lse))
+
+
+def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out, lse,
+                  head_dim_pad: int) -> tuple[Launch, Callable[..., tuple]]:
     """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
     packed row, dim) views of the packed tensors (no copy), O through a masked store."""
     batch, heads = cu_q.numel() - 1, q.shape[1]  # checked by the caller (kernels.checks.check_config)
@@ -621,10 +651,8 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, cu_k, max_q: int,
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
     launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK")
                     + (("TileCounter",) if config.dynamic else ()), scalars, flags, {"num_warps": config.num_warps})
-    descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
-                                                             "v": config.BLOCK_N})
-    views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkv", (q, k, v))}  # (1, heads, rows, dim)
-    return launch, (*descriptors(**views), out, lse, cu_q, cu_k, *_tile_counter(config, q.device))
+    return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
+                                                              "v": config.BLOCK_N})
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:

@@ -415,6 +415,7 @@ def attention_varlen(
     *,
     return_softmax_lse: bool = False,
     config: Mapping[str, Any] | KernelConfig | None = None,
+    check_lengths: bool | None = None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding: a
     drop-in for flash-attn's ``flash_attn_varlen_func``. q (total_q, heads_q, D), k and v
@@ -423,9 +424,11 @@ def attention_varlen(
     ``causal=True`` aligns the diagonal bottom-right per sequence (the last query sees every
     key), as flash-attn does. Returns the output (total_q, heads_q, D) and, with
     ``return_softmax_lse=True``, also the natural-log LSE (heads_q, total_q), fp32. The
-    lengths are checked on the host (one small copy) except while a CUDA graph is being
-    captured, where they are trusted. ``config``: as for :func:`attention` (a Q-outer Triton
-    variant; TMA access becomes plain pointers).
+    lengths are checked on the host (one small copy, which waits for the GPU) unless
+    ``check_lengths=False`` (what a serving engine that built them passes) or a CUDA graph
+    is being captured, where they are trusted. ``config``: as for :func:`attention` (a
+    Q-outer Triton variant; TMA access becomes plain pointers). The config and launch plan
+    of each layout, batch size and longest sequence are kept for the next call.
 
     flash-attn's other arguments are taken in its order so calls port unchanged:
     ``deterministic`` (the forward always is), ``return_attn_probs=True`` returns
@@ -447,8 +450,20 @@ def attention_varlen(
     dense = problem_from_tensors(*views, causal=causal)
     if dense.is_fp8:
         raise InputError("attention_varlen takes float16, bfloat16 or float32 tensors, not FP8")
-    batch = _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch = _check_cu_seqlens(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_lengths)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    want_lse = return_softmax_lse or return_attn_probs
+    cacheable = config is None or isinstance(config, KernelConfig)
+    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+    key = ("varlen", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, aligned, batch, max_seqlen_q, max_seqlen_k, causal, softmax_scale, want_lse, config)
+    cached = _PLANS.get(key) if cacheable else None
+    if cached is not None:
+        chosen, sm_scale, plan = cached
+        out = torch.empty_like(q)
+        lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if want_lse else None
+        run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse, plan)
+        return _varlen_result(out, lse, return_softmax_lse, return_attn_probs)
     problem = Problem(batch, dense.heads_q, dense.heads_kv, max_seqlen_q, max_seqlen_k, dense.head_dim, dense.dtype,
                       causal, "bottom_right")
     sm_scale = resolve_scale(softmax_scale, problem.head_dim)
@@ -474,23 +489,32 @@ def attention_varlen(
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
     out = torch.empty_like(q)
-    want_lse = return_softmax_lse or return_attn_probs
     lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if want_lse else None
     if k.shape[0] == 0:  # no keys anywhere: zeros, as for attention()
         out.zero_()
         if lse is not None:
             lse.fill_(-math.inf)
     else:
-        run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse)
+        plan = run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse)
+        if cacheable and plan is not None:
+            with _PLANS_LOCK:
+                if len(_PLANS) >= _MAX_PLANS:
+                    _PLANS.clear()
+                _PLANS[key] = (chosen, sm_scale, plan)
+    return _varlen_result(out, lse, return_softmax_lse, return_attn_probs)
+
+
+def _varlen_result(out, lse, return_softmax_lse: bool, return_attn_probs: bool):
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_softmax_lse else out
 
 
-def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k) -> int:
+def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None = None) -> int:
     """Shapes, dtypes and devices always; the values (0 first, non-decreasing, ending at the
     token counts, no sequence longer than its max_seqlen: past it rows would silently go
-    unwritten) unless a CUDA graph is being captured. Returns the batch size."""
+    unwritten) unless ``check_lengths`` is False or (None) a CUDA graph is being captured.
+    Returns the batch size."""
     for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.numel() < 1:
             raise InputError(f"{name} must be a 1-dim int32 tensor of batch + 1 offsets, got "
@@ -506,7 +530,12 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k) -> int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise InputError(f"{name} must be a non-negative int, got {value!r}")
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if not capturing:
+    if check_lengths and capturing:
+        raise InputError("check_lengths=True reads the lengths back to the host, which a CUDA graph capture "
+                         "cannot do; leave it None (checks off while capturing)")
+    if check_lengths is None:
+        check_lengths = not capturing
+    if check_lengths:
         for name, cu, total, longest in (("cu_seqlens_q", cu_q, q.shape[0], max_q),
                                          ("cu_seqlens_k", cu_k, k.shape[0], max_k)):
             offsets = cu.tolist()

@@ -104,6 +104,38 @@ def test_bad_input_is_refused_before_any_kernel(mutate, message):
         fa_autotune.attention_varlen(**mutate(args))
 
 
+def test_plans_are_kept_and_lengths_can_go_unchecked(monkeypatch):
+    """The second call of a layout reuses its config and plan (no dispatch, no JIT path) with
+    new lengths of the same batch and longest sequence; a different longest sequence gets its
+    own plan. check_lengths=False skips the host read-back (a serving engine's lengths are
+    trusted; a wrong one is then the caller's)."""
+    from fa_autotune.kernels import launcher
+    from fa_autotune.runtime import api
+
+    built = []
+
+    class Counting(launcher.VarlenPlan):
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_PLANS", {})
+    monkeypatch.setattr(launcher, "VarlenPlan", Counting)
+    q, k, v, cu_q, cu_k = packed([5, 12, 3], [9, 12, 7])
+    first = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12, causal=True)
+    check_each_sequence(first, None, q, k, v, cu_q, cu_k, True)
+    _, _, _, cu_q2, cu_k2 = packed([12, 4, 4], [12, 2, 14])  # same totals and longest: the kept plan
+    second = fa_autotune.attention_varlen(q, k, v, cu_q2, cu_k2, 12, 14, causal=True)
+    assert len(built) == 2  # max_seqlen_k differs: a new plan
+    again = fa_autotune.attention_varlen(q, k, v, cu_q2, cu_k2, 12, 14, causal=True, check_lengths=False)
+    assert len(built) == 2 and torch.equal(second, again)
+    check_each_sequence(second, None, q, k, v, cu_q2, cu_k2, True)
+    with pytest.raises(InputError, match="more than max_seqlen 4"):  # checked by default
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 4, 12, causal=True)
+    # unchecked: no read-back, so a too-small max_seqlen_q is not seen (rows past it stay unwritten)
+    fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 4, 12, causal=True, check_lengths=False)
+
+
 def test_bad_config_names_the_parameter():
     q, k, v, cu_q, cu_k = packed([5], [6])
     with pytest.raises(ConfigError) as info:
