@@ -470,14 +470,18 @@ def attention_varlen(
     if config is None:
         # The dispatched config: a Gluon one runs its own varlen kernel where it can read these
         # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
-        # benchmarks/results/2026-12-01-h200-varlen-gluon.md); otherwise the Triton varlen kernel.
+        # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on a persistent grid taking
+        # tiles from a counter, since packed sequences' tiles differ in work (0.84-0.99x
+        # against 0.75-0.98x for the static grid, -varlen-plans.md); otherwise the Triton
+        # varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
         dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
         chosen = None
         if dispatched.language == "gluon":
             try:
-                check_config(dispatched, dense, *views)
-                chosen = dispatched
+                candidate = dispatched.with_(persistent=1, dynamic=True)
+                check_config(candidate, dense, *views)
+                chosen = candidate
             except ConfigError:
                 pass
         if chosen is None:

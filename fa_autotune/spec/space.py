@@ -7,6 +7,7 @@ and/or/not) compiled into a checked AST and evaluated by a tiny interpreter, nev
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import itertools
 import json
@@ -48,9 +49,9 @@ class Expression:
     where: str
     tree: ast.Expression
 
-    @property
+    @functools.cached_property
     def parameters(self) -> frozenset[str]:
-        """Template parameters the expression reads."""
+        """Template parameters the expression reads (kept: grids ask for every node)."""
         return frozenset(n.id for n in ast.walk(self.tree) if isinstance(n, ast.Name) and n.id in PARAMETER_NAMES)
 
     @classmethod
