@@ -158,13 +158,19 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     its log-sum-exp and the output's gradient (any strides). The config and launch plan of
     each layout are kept (with the forward's plans): building them sends every kernel through
     Triton's JIT path, which cost the Gluon backward about 0.4 ms a call at N=1024 on an H200."""
-    aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) & 15
-    key = ("bwd", q.shape, k.shape, v.shape, out.shape, dout.shape, q.stride(), k.stride(), v.stride(), out.stride(),
-           dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, aligned, causal, scale,
-           causal_align, deterministic)
-    cached = _PLANS.get(key)
+    key = cached = None
+    if all(isinstance(t, torch.Tensor) for t in (q, k, v, out, dout)):  # else the checks below say what is wrong
+        aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) & 15
+        key = ("bwd", q.shape, k.shape, v.shape, out.shape, dout.shape, q.stride(), k.stride(), v.stride(),
+               out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, k.device,
+               v.device, out.device, dout.device, aligned, causal, scale, causal_align, deterministic)
+        cached = _PLANS.get(key)
     if cached is None:
         problem = _plain_problem(q, k, v, causal, causal_align)
+        for name, t in (("out", out), ("dout", dout)):
+            if not isinstance(t, torch.Tensor) or t.device != q.device:
+                raise InputError(f"{name} must be a tensor on q's device ({q.device}), got "
+                                 f"{t.device if isinstance(t, torch.Tensor) else type(t).__name__}")
         if dout.shape != out.shape:
             raise InputError(f"the output gradient has shape {tuple(dout.shape)}, the output {tuple(out.shape)}")
         if not problem.is_empty:
@@ -179,10 +185,11 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         if plan is None:
             plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
                                 problem.causal_offset, problem.causal)
-            with _PLANS_LOCK:
-                if len(_PLANS) >= _MAX_PLANS:
-                    _PLANS.clear()
-                _PLANS[key] = (problem, config, plan)
+            if key is not None:
+                with _PLANS_LOCK:
+                    if len(_PLANS) >= _MAX_PLANS:
+                        _PLANS.clear()
+                    _PLANS[key] = (problem, config, plan)
         plan(q, k, v, out, dout, lse, dq, dk, dv)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
@@ -456,7 +463,8 @@ def attention_varlen(
     cacheable = config is None or isinstance(config, KernelConfig)
     aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
     key = ("varlen", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, aligned, batch, max_seqlen_q, max_seqlen_k, causal, softmax_scale, want_lse, config)
+           q.device, k.device, v.device, aligned, batch, max_seqlen_q, max_seqlen_k, causal, softmax_scale, want_lse,
+           config)
     cached = _PLANS.get(key) if cacheable else None
     if cached is not None:
         chosen, sm_scale, plan = cached

@@ -132,8 +132,9 @@ GLUON_BACKWARD = KernelConfig(loop_order="backward", language="gluon", access="t
 
 
 def backward_default(problem: Problem, capability: tuple[int, int] | None = None, gluon: bool = True) -> KernelConfig:
-    """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 up to D=128 the Gluon
-    dK/dV pass (GLUON_BACKWARD; at D <= 64 only from 2048 query rows per KV head;
+    """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 for 16 < D <= 128 the
+    Gluon dK/dV pass (GLUON_BACKWARD; at D <= 64 only from 2048 query rows per KV head; not
+    below D=32, where each consumer's dQ half would be 8 columns, a case never run on a GPU;
     ``gluon=False`` for inputs it cannot read); otherwise the
     Triton kernels (benchmarks/results/2026-12-01-h200-bwd-sweep.md): dK/dV keeps 64 K/V rows
     against 64 streamed query rows at D=128 (2 stages; 128 against 32 with 3 stages at
@@ -143,7 +144,7 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
         return KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if problem.head_dim_pad > 128:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16"):
+    if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16") and problem.head_dim_pad >= 32:
         if problem.head_dim_pad > 64:
             return GLUON_BACKWARD
         if problem.seqlen_q * problem.gqa_group >= _GLUON_BACKWARD_MIN_QUERIES_D64:

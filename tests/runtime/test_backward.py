@@ -143,6 +143,8 @@ def test_backward_plans_are_kept_per_layout(device, monkeypatch):
     assert len(built) == 3 and all(torch.equal(a, b) for a, b in zip(first, moved))
     with pytest.raises(fa_autotune.InputError, match="output gradient"):  # checked before any plan is kept
         attention_backward(q, k, v, out, lse, dout[:, :, :5], causal=True)
+    with pytest.raises(fa_autotune.InputError, match="dout must be a tensor"):
+        attention_backward(q, k, v, out, lse, dout.tolist(), causal=True)
 
 
 def test_deterministic_backward_avoids_atomics(device, monkeypatch):

@@ -77,6 +77,8 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     short = Problem(16, 32, 32, 1024, 1024, 64, dtype, kind="bwd")  # D=64, few query tiles a program
     assert backward_default(short, (9, 0)) == backward_default(short, (9, 0), gluon=False)
     assert backward_default(Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd"), (9, 0)).language == "gluon"
+    tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
+    assert backward_default(tiny, (9, 0)).language == "triton"
     for problem, capability in ((d128, (9, 0)), (d128, (8, 0)), (d128, None),
                                 (Problem(4, 16, 16, 4096, 4096, 128, "float32", kind="bwd"), (9, 0)),
                                 (Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd"), (9, 0))):
