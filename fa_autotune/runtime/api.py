@@ -37,7 +37,7 @@ class _Plan:
     tma: bool  # base pointers must stay 16-byte aligned for this plan
 
 
-_PLANS: dict[tuple, Any] = {}  # forward _Plans; backward (problem, config, BackwardPlan) under ("bwd", ...)
+_PLANS: dict[tuple, Any] = {}  # forward _Plans; ("bwd", ...) and ("varlen", ...) keys: (config, plan) tuples
 _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 4096
 
