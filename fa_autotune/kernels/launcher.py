@@ -566,7 +566,7 @@ def run_varlen(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     check_interpretable(q)
     try:
         if plan is None:
-            plan = VarlenPlan(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
+            plan = VarlenPlan(config, q, k, v, cu_q, max_q, scale, causal, out, lse)
         plan(q, k, v, cu_q, cu_k, out, lse)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
@@ -576,24 +576,17 @@ def run_varlen(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.
     return plan
 
 
-def varlen_launch(config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
-                  lse) -> tuple[Launch, tuple]:
-    """The variable-length kernel's launch and its per-call tensors (also what ahead-of-time
-    compilation specialises on)."""
-    plan = VarlenPlan(config, q, k, v, cu_q, cu_k, max_q, scale, causal, out, lse)
-    return plan.launch, plan.args(q, k, v, cu_q, cu_k, out, lse)
-
-
 class VarlenPlan:
     """The variable-length kernel of ``config`` for one layout of packed q, k, v (and one
     batch size, longest sequence and total token count, which fix its grid and scalars);
-    called with the tensors of each call. Kept by attention_varlen per layout: building it
+    called with the tensors of each call (``launch`` and ``args`` are also what
+    ahead-of-time compilation specialises on). Kept by attention_varlen per layout: building it
     sends the kernel through Triton's JIT path, as the backward's plans showed (0.45 ms a
     call)."""
 
     __slots__ = ("launch", "descriptors", "config", "extra")
 
-    def __init__(self, config: KernelConfig, q, k, v, cu_q, cu_k, max_q: int, scale: float, causal: bool, out,
+    def __init__(self, config: KernelConfig, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out,
                  lse) -> None:
         batch, heads, head_dim = cu_q.numel() - 1, q.shape[1], q.shape[2]
         kernel = load_module(config).KERNELS.get("varlen")

@@ -42,6 +42,22 @@ _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 4096
 
 
+def _keep(key: tuple, plan: Any) -> None:
+    """Keep ``plan`` for the next call with ``key`` (all kept plans dropped at the cap)."""
+    with _PLANS_LOCK:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+
+
+def _scale_key(scale: Any) -> Any:
+    """``scale`` as a plan key holds it: as given, once resolve_scale accepts it (so a bad
+    one is an InputError, not an unhashable key)."""
+    if scale is not None:
+        resolve_scale(scale, 1)
+    return scale
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -73,7 +89,7 @@ def attention(
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
     if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-               q.device, k.device, v.device, causal, scale, causal_align, return_lse)
+               q.device, k.device, v.device, causal, _scale_key(scale), causal_align, return_lse)
         plan = _PLANS.get(key)
         if plan is None:
             plan = _make_plan(key, q, k, v, causal, scale, causal_align, return_lse)
@@ -163,7 +179,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) & 15
         key = ("bwd", q.shape, k.shape, v.shape, out.shape, dout.shape, q.stride(), k.stride(), v.stride(),
                out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, k.device,
-               v.device, out.device, dout.device, aligned, causal, scale, causal_align, deterministic)
+               v.device, out.device, dout.device, aligned, causal, _scale_key(scale), causal_align, deterministic)
         cached = _PLANS.get(key)
     if cached is None:
         problem = _plain_problem(q, k, v, causal, causal_align)
@@ -186,10 +202,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
                                 problem.causal_offset, problem.causal)
             if key is not None:
-                with _PLANS_LOCK:
-                    if len(_PLANS) >= _MAX_PLANS:
-                        _PLANS.clear()
-                    _PLANS[key] = (problem, config, plan)
+                _keep(key, (problem, config, plan))
         plan(q, k, v, out, dout, lse, dq, dk, dv)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
@@ -396,10 +409,7 @@ def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
         out, lse = allocate_outputs(q, problem, return_lse)
         prepared = prepare(config, q, k, v, out, lse, sm_scale, problem.causal_offset, problem.causal)
     plan = _Plan(problem, config, prepared, config.access == "tensor_desc")
-    with _PLANS_LOCK:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
+    _keep(key, plan)
     return plan
 
 
@@ -463,8 +473,8 @@ def attention_varlen(
     cacheable = config is None or isinstance(config, KernelConfig)
     aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
     key = ("varlen", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
-           q.device, k.device, v.device, aligned, batch, max_seqlen_q, max_seqlen_k, causal, softmax_scale, want_lse,
-           config)
+           q.device, k.device, v.device, aligned, batch, max_seqlen_q, max_seqlen_k, causal,
+           _scale_key(softmax_scale), want_lse, config)
     cached = _PLANS.get(key) if cacheable else None
     if cached is not None:
         chosen, sm_scale, plan = cached
@@ -509,10 +519,7 @@ def attention_varlen(
     else:
         plan = run_varlen(chosen, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, sm_scale, causal, out, lse)
         if cacheable and plan is not None:
-            with _PLANS_LOCK:
-                if len(_PLANS) >= _MAX_PLANS:
-                    _PLANS.clear()
-                _PLANS[key] = (chosen, sm_scale, plan)
+            _keep(key, (chosen, sm_scale, plan))
     return _varlen_result(out, lse, return_softmax_lse, return_attn_probs)
 
 

@@ -42,8 +42,10 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
         out.append(GLUON_DEFAULT.with_(overlap=False))
         if problem.head_dim_pad <= 64:
             out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160))
-    if problem.head_dim <= 64:  # part of the exp2 on the FMA units (2026-12-01-h200-gluon-exp2-emu.md)
-        out.append(out[2 if problem.causal else 1].with_(exp2_emu=16 if problem.causal else 8))
+    if problem.head_dim <= 64 and problem.causal:  # part of the exp2 on the FMA units (-exp2-emu.md)
+        out.append(GLUON_DEFAULT.with_(dynamic=True, overlap=False, one_loop=True, exp2_emu=16))
+    elif problem.head_dim <= 64:
+        out.append(GLUON_DEFAULT.with_(overlap=False, exp2_emu=8))
     return out
 
 

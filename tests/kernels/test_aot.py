@@ -222,14 +222,15 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from fa_autotune.kernels.aot import _specialize
-from fa_autotune.kernels.launcher import varlen_launch
+from fa_autotune.kernels.launcher import VarlenPlan
 from fa_autotune.spec.config import KernelConfig
 config = KernelConfig.from_mapping({config.to_dict()!r})
 q = torch.empty(3000, 16, 128, device="meta", dtype=torch.bfloat16)
 k = torch.empty(3500, 4, 128, device="meta", dtype=torch.bfloat16)
 cu = torch.empty(5, device="meta", dtype=torch.int32)
-launch, args = varlen_launch(config, q, k, k, cu, cu, 1024, 0.1, True, torch.empty_like(q),
-                             torch.empty(16, 3000, device="meta"))
+out, lse = torch.empty_like(q), torch.empty(16, 3000, device="meta")
+plan = VarlenPlan(config, q, k, k, cu, 1024, 0.1, True, out, lse)
+launch, args = plan.launch, plan.args(q, k, k, cu, cu, out, lse)
 signature, consts, attrs = _specialize(launch, args + launch.fixed)
 source = (GluonASTSource if isinstance(launch.kernel, GluonJITFunction) else ASTSource)
 compiled = triton.compile(source(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),

@@ -42,7 +42,7 @@ def test_head_dim_too_large():
         attention(q, k, v)
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True, 0.0, -0.125])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.1", True, 0.0, -0.125, [0.1]])
 def test_bad_scale(scale):
     with pytest.raises(InputError, match="scale"):
         attention(*qkv(), scale=scale)

@@ -145,6 +145,8 @@ def test_backward_plans_are_kept_per_layout(device, monkeypatch):
         attention_backward(q, k, v, out, lse, dout[:, :, :5], causal=True)
     with pytest.raises(fa_autotune.InputError, match="dout must be a tensor"):
         attention_backward(q, k, v, out, lse, dout.tolist(), causal=True)
+    with pytest.raises(fa_autotune.InputError, match="scale must be a finite number"):
+        attention_backward(q, k, v, out, lse, dout, causal=True, scale=[0.1])
 
 
 def test_deterministic_backward_avoids_atomics(device, monkeypatch):

@@ -96,6 +96,7 @@ def test_packed_equals_dense_when_lengths_are_equal():
     (lambda a: dict(a, dropout_p=0.1), "dropout_p: not supported"),
     (lambda a: dict(a, window_size=(128, 0)), "window_size: not supported"),
     (lambda a: dict(a, softcap=30.0), "softcap: not supported"),
+    (lambda a: dict(a, softmax_scale=[0.1]), "scale must be a finite number"),  # unhashable: never a plan key
 ])
 def test_bad_input_is_refused_before_any_kernel(mutate, message):
     q, k, v, cu_q, cu_k = packed([5, 4, 3], [6, 6, 6])
