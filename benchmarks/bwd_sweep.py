@@ -3,7 +3,7 @@ compiled (in parallel processes), checked against float32 autograd and its dK/dV
 pass timed separately, so the best tile of each pass shows on its own (the two passes may want
 different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
 
-Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic]
+Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic|gluon_dq]
            [--problems n4096|short]
 Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
 best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
@@ -72,6 +72,13 @@ def gluon_atomic_grid() -> list[dict]:
                dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **DQ)])
 
 
+def gluon_dq_grid() -> list[dict]:
+    """Two-consumer Gluon passes with dQ inside (64 or 128 query rows a step, ring depth 2
+    and 3; 128 rows fit shared memory up to D=64) against the Gluon pass beside the dQ pass."""
+    return ([dict(GLUON, BLOCK_M=m, num_stages=s, consumers=2, dq_atomic=True) for m in (64, 128) for s in (2, 3)]
+            + [dict(GLUON, num_stages=2, consumers=2, **DQ)])
+
+
 def inputs(problem, seed: int = 0):
     b, h, hkv, n, d, causal = problem
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -132,12 +139,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--problems", choices=("n4096", "short"), default="n4096",
                         help="n4096: llm-prefill's N=4096 shapes; short: its N=1024 ones and two at N=2048")
-    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic"), default="triton",
+    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic", "gluon_dq"), default="triton",
                         help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults; "
-                             "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass")
+                             "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass; "
+                             "gluon_dq: two-consumer in-pass dQ forms only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid}.get(args.set, lambda: grid(args.quick))()
+    configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid, "gluon_dq": gluon_dq_grid}.get(args.set, lambda: grid(args.quick))()
     started = time.time()
     problems = SHORT if args.problems == "short" else PROBLEMS
     work = [(i, c, p) for p in problems for i, c in enumerate(configs)]

@@ -4,7 +4,8 @@ how many instructions one K/V step costs, and of which kind (what found the mask
 Usage: python3 benchmarks/sass_loops.py '{"language": "gluon", "access": "tensor_desc", "BLOCK_M": 64,
            "BLOCK_N": 128, "num_stages": 2, "persistent": 1}' --head-dim 128 --seqlen 1024 --causal [--out FILE]
 Prints every loop (a backward branch) that holds a matrix product or an exp2, with its length and
-the commonest opcodes; --out keeps the whole SASS. Uses the cuobjdump that Triton ships
+the commonest opcodes, for every kernel of the variant (the backward's preprocess, dK/dV and dQ passes);
+--out FILE keeps each kernel's whole SASS beside FILE, named after the kernel. Uses the cuobjdump that Triton ships
 (fa_autotune.kernels.aot.sass_loops).
 """
 from __future__ import annotations
@@ -34,17 +35,16 @@ def main() -> None:
     result = compile_variant(config, problem, sass=True)
     if result.status != "ok":
         raise SystemExit(f"{config.name}: {result.status}: {result.error}")
-    kernel = result.kernels[0]  # the forward's main kernel
-    if not kernel.sass:
-        raise SystemExit("no SASS: cuobjdump (shipped with Triton) is missing or cannot read the cubin")
-    if args.out:
-        args.out.write_text(kernel.sass)
-    print(config.name, problem.key, f"stack {kernel.stack_bytes} B, spill traffic in the step loops: "
-          f"{kernel.step_loop_local_memory}")
-    for start, end, ops in sass_loops(kernel.sass):
-        if ops["HGMMA"] or ops["MUFU"]:
-            print(f"loop {start:#x}-{end:#x}: {sum(ops.values())} instructions;", dict(ops.most_common(16)))
-
+    for kernel in result.kernels:  # the forward's main kernel; the backward's preprocess, dK/dV (and dQ) passes
+        if not kernel.sass:
+            raise SystemExit("no SASS: cuobjdump (shipped with Triton) is missing or cannot read the cubin")
+        if args.out:
+            args.out.with_name(f"{args.out.stem}.{kernel.kernel}{args.out.suffix}").write_text(kernel.sass)
+        print(kernel.kernel, problem.key, f"stack {kernel.stack_bytes} B, spill traffic in the step loops: "
+              f"{kernel.step_loop_local_memory}")
+        for start, end, ops in sass_loops(kernel.sass):
+            if ops["HGMMA"] or ops["MUFU"]:
+                print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions;", dict(ops.most_common(16)))
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ from ..kernels.checks import (check_config, check_fp8_scales, check_gluon_backwa
 from ..kernels.launcher import (BackwardPlan, Prepared, allocate_outputs, check_interpretable,
                                 explain_launch_failure, prepare, resolve_scale, run, run_varlen, varlen_config)
 from ..spec.config import DQ_FIELDS, KernelConfig
-from ..spec.defaults import backward_default, default_for, defaults_for
+from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
 
@@ -151,6 +151,8 @@ def _backward_config(problem: Problem, q, k, v, dout, deterministic: bool = Fals
         except ConfigError:
             chosen = backward_default(problem, capability, gluon=False)
     if deterministic and chosen.dq_atomic:  # its own dQ pass, shaped as the Triton built-in one
+        if chosen.language == "gluon":  # beside the dQ pass the Gluon pass steps 64 query rows
+            return GLUON_BACKWARD_TWO_PASS.with_(consumers=chosen.consumers)
         dq_pass = backward_default(problem, capability, gluon=False).dq_pass()
         return chosen.with_(dq_atomic=False, **dict(zip(DQ_FIELDS, dq_pass)))
     return chosen

@@ -311,12 +311,12 @@ def _validate_decode(cfg: KernelConfig) -> None:
 
 
 def _validate_gluon_backward(cfg: KernelConfig) -> None:
-    """The Gluon dK/dV pass (templates/attn_bwd_gluon.py.jinja): 64 query rows per step, 64
-    key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it, or with
+    """The Gluon dK/dV pass (templates/attn_bwd_gluon.py.jinja): 64 query rows per step (128
+    with dQ inside, where S and dP have query rows), 64 key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it, or with
     dq_atomic added up in fp32 inside it."""
-    if cfg.BLOCK_M != 64 or cfg.BLOCK_N != 64:
-        raise ConfigError("BLOCK_M", "the Gluon backward steps 64 query rows past 64 key rows per consumer: "
-                          f"BLOCK_M=64, BLOCK_N=64, got {cfg.BLOCK_M}, {cfg.BLOCK_N}")
+    if cfg.BLOCK_N != 64 or cfg.BLOCK_M not in ((64, 128) if cfg.dq_atomic else (64,)):
+        raise ConfigError("BLOCK_M", "the Gluon backward steps 64 query rows (with dq_atomic 64 or 128) past 64 key "
+                          f"rows per consumer, got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
     for name in ("overlap", "pingpong", "one_loop", "dynamic", "exp2_emu"):

@@ -128,17 +128,21 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
 # cuDNN at D=64 and 0.77-0.81x at D=128 against 0.73-0.80x for the Triton defaults; at N=1024
 # it tied them at D=128 and lost 7% at D=64, where each program has few query tiles to
 # amortize its start (so D <= 64 keeps the Triton kernels below 2048 queries).
-_GLUON_BACKWARD_MIN_QUERIES_D64 = 2048
 GLUON_BACKWARD = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64,
-                              num_warps=4, num_stages=2, dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
+                              num_warps=4, num_stages=3, dq_atomic=True)
+GLUON_BACKWARD_TWO_PASS = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64,
+                                       BLOCK_N=64, num_warps=4, num_stages=2, dq_block_m=128, dq_block_n=64,
+                                       dq_warps=8, dq_stages=3)
+"""The Gluon dK/dV pass beside the Triton dQ pass: deterministic=True's Hopper backward."""
 
 
 def backward_default(problem: Problem, capability: tuple[int, int] | None = None, gluon: bool = True) -> KernelConfig:
     """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 for 16 < D <= 128 the
-    Gluon dK/dV pass (GLUON_BACKWARD; at D <= 64 only from 2048 query rows per KV head; not
-    below D=32, where each consumer's dQ half would be 8 columns, a case never run on a GPU;
-    ``gluon=False`` for inputs it cannot read); otherwise the
-    Triton kernels (benchmarks/results/2026-12-01-h200-bwd-sweep.md): dK/dV keeps 64 K/V rows
+    Gluon pass with dQ added up inside it (GLUON_BACKWARD: 64 query rows a step and a ring of
+    3 past D=64, 128 rows and 2 up to D=64; benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows.md;
+    not below D=32, where each consumer's dQ half would be 8 columns, a case never run on a
+    GPU; ``gluon=False`` for inputs it cannot read); otherwise the Triton kernels
+    (benchmarks/results/2026-12-01-h200-bwd-sweep.md): dK/dV keeps 64 K/V rows
     against 64 streamed query rows at D=128 (2 stages; 128 against 32 with 3 stages at
     D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows with 8 warps and
     3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
@@ -147,10 +151,7 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
     if problem.head_dim_pad > 128:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
     if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16") and problem.head_dim_pad >= 32:
-        if problem.head_dim_pad > 64:
-            return GLUON_BACKWARD
-        if problem.seqlen_q * problem.gqa_group >= _GLUON_BACKWARD_MIN_QUERIES_D64:
-            return GLUON_BACKWARD.with_(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stages=0)
+        return GLUON_BACKWARD if problem.head_dim_pad > 64 else GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
     dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
     if problem.head_dim_pad <= 64:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **dq)

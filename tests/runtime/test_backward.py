@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -167,6 +169,22 @@ def test_deterministic_backward_avoids_atomics(device, monkeypatch):
     want = grads(reference, q, k, v, dout)
     assert all(rel(a, w) < 1e-5 for a, w in zip(runs[0], want))
 
+
+
+def test_deterministic_gluon_backward_keeps_its_dq_pass(monkeypatch):
+    """deterministic=True on a Gluon pass with dQ inside (128 query rows a step at D <= 64)
+    runs the Gluon pass of 64 rows beside the Triton dQ pass, with the same consumers."""
+    from fa_autotune.runtime import api
+    from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS
+
+    inside = GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2, consumers=1)
+    monkeypatch.setattr(api.DISPATCHER, "choose", lambda problem, device_type, index: SimpleNamespace(config=inside))
+    monkeypatch.setattr(api, "check_gluon_backward", lambda *tensors: None)  # as if TMA could read them
+    q, k, v = (torch.randn(1, 2, 64, 64, dtype=torch.float16) for _ in range(3))
+    problem = fa_autotune.Problem(1, 2, 2, 64, 64, 64, "float16", kind="bwd")
+    assert api._backward_config(problem, q, k, v, q, False) == inside
+    two_pass = api._backward_config(problem, q, k, v, q, True)
+    assert two_pass == GLUON_BACKWARD_TWO_PASS.with_(consumers=1) and not two_pass.dq_atomic
 
 GPU_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv)
     (113, 203, 32, True, "bottom_right", 8, 2),

@@ -97,4 +97,24 @@ def test_gpu_gpt_trains_like_sdpa_in_bf16():
     # all three learned (late in the run, bf16 runs part ways: SDPA's two kernels ended at
     # 0.054 and 0.044 in one H200 run, 0.157 and 0.05 in another)
     assert max(c["end"], c["end_ref"], c["end_other"]) < 0.1 * c["first"], c
-    assert c["early_gap"] <= max(2 * c["early_noise"], 0.01), c
+    # Early gaps are chaotic too: flash's own ranged 0.005-0.04 over H200 runs, and ours
+    # 0.004-0.042 (0.014 against flash's 0.005 in one run); the gradients below are the exact check.
+    assert c["early_gap"] <= max(2 * c["early_noise"], 0.02), c
+    # The same attention's gradients (B 8, 8/2 heads of 64, 512 tokens, causal, bf16) against
+    # float32 autograd: ours within 5% of cuDNN's own error.
+    torch.manual_seed(0)
+    q, dout = (torch.randn(8, 8, 512, 64, device="cuda") for _ in range(2))
+    k, v = (torch.randn(8, 2, 512, 64, device="cuda") for _ in range(2))
+
+    def grads(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        fn(*leaves).backward(dout.to(dtype))
+        return [t.grad.float() for t in leaves]
+
+    sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    exact = grads(sdpa, torch.float32)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        theirs = grads(sdpa, torch.bfloat16)
+    mine = grads(lambda q, k, v: fa_autotune.attention(q, k, v, causal=True), torch.bfloat16)
+    for a, b, w in zip(mine, theirs, exact):
+        assert (a - w).norm() <= 1.05 * (b - w).norm() + 1e-6 * w.norm()

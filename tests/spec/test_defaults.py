@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT, backward_default, default_config, defaults_for
+from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, backward_default, default_config, defaults_for
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.space import load_space
 from fa_autotune.spec.target import GpuInfo
 
 HOPPER = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
@@ -49,7 +50,6 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
     scheduling on causal grids, three consumers only at D <= 64 without a mask; each a point
     of the shipped search space for that problem (the warm start enqueues only those)."""
     from fa_autotune.spec.defaults import gluon_candidates
-    from fa_autotune.spec.space import load_space
 
     candidates = gluon_candidates(problem, (9, 0))
     assert candidates[0] == GLUON_DEFAULT and len(set(candidates)) == len(candidates)
@@ -64,19 +64,20 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_hopper_backward_defaults_to_gluon(dtype):
-    """The Gluon backward on Hopper in fp16/bf16 up to D=128: dQ added up inside it at D <= 64,
-    in the Triton pass beside it past that; the Triton kernels for fp32, D=256, other GPUs,
-    the interpreter, and (gluon=False) inputs the Gluon pass cannot read."""
+    """The Gluon backward on Hopper in fp16/bf16 up to D=128, dQ added up inside it (128 query
+    rows a step up to D=64, 64 past it), every length; the Triton kernels for fp32, D=256,
+    other GPUs, the interpreter, and (gluon=False) inputs the Gluon pass cannot read."""
     d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
-    assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(dq_atomic=True, dq_block_m=0, dq_block_n=0,
-                                                                 dq_warps=0, dq_stages=0)
-    assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and not GLUON_BACKWARD.dq_atomic
+    assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
+    assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and GLUON_BACKWARD.dq_atomic
+    assert not GLUON_BACKWARD_TWO_PASS.dq_atomic and GLUON_BACKWARD_TWO_PASS.language == "gluon"
     assert default_config(d128, (9, 0)) == GLUON_BACKWARD
     first, second = defaults_for(d128, HOPPER)
     assert first == GLUON_BACKWARD and second == backward_default(d128, (9, 0), gluon=False)
-    short = Problem(16, 32, 32, 1024, 1024, 64, dtype, kind="bwd")  # D=64, few query tiles a program
-    assert backward_default(short, (9, 0)) == backward_default(short, (9, 0), gluon=False)
-    assert backward_default(Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd"), (9, 0)).language == "gluon"
+    for problem in (d64, d128):  # the tuner's space holds them
+        assert backward_default(problem, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(problem))
+    short = Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd")
+    assert backward_default(short, (9, 0)).language == "gluon"
     tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
     assert backward_default(tiny, (9, 0)).language == "triton"
     for problem, capability in ((d128, (9, 0)), (d128, (8, 0)), (d128, None),
