@@ -145,7 +145,8 @@ def main() -> None:
                              "gluon_dq: two-consumer in-pass dQ forms only")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid, "gluon_dq": gluon_dq_grid}.get(args.set, lambda: grid(args.quick))()
+    configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid,
+               "gluon_dq": gluon_dq_grid}.get(args.set, lambda: grid(args.quick))()
     started = time.time()
     problems = SHORT if args.problems == "short" else PROBLEMS
     work = [(i, c, p) for p in problems for i, c in enumerate(configs)]

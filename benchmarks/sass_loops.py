@@ -46,5 +46,6 @@ def main() -> None:
             if ops["HGMMA"] or ops["MUFU"]:
                 print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions;", dict(ops.most_common(16)))
 
+
 if __name__ == "__main__":
     main()

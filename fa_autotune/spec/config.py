@@ -312,8 +312,8 @@ def _validate_decode(cfg: KernelConfig) -> None:
 
 def _validate_gluon_backward(cfg: KernelConfig) -> None:
     """The Gluon dK/dV pass (templates/attn_bwd_gluon.py.jinja): 64 query rows per step (128
-    with dQ inside, where S and dP have query rows), 64 key rows per consumer warpgroup, Q/dO over TMA; dQ in the Triton pass beside it, or with
-    dq_atomic added up in fp32 inside it."""
+    with dQ inside, where S and dP have query rows), 64 key rows per consumer warpgroup, Q/dO
+    over TMA; dQ in the Triton pass beside it, or with dq_atomic added up in fp32 inside it."""
     if cfg.BLOCK_N != 64 or cfg.BLOCK_M not in ((64, 128) if cfg.dq_atomic else (64,)):
         raise ConfigError("BLOCK_M", "the Gluon backward steps 64 query rows (with dq_atomic 64 or 128) past 64 key "
                           f"rows per consumer, got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}")

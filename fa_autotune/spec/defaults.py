@@ -122,12 +122,10 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
 
 
 # FlashAttention-3's backward in Gluon on Hopper (fp16/bf16, D <= 128): a TMA producer and two
-# consumer warpgroups of 64 key rows. At D <= 64 dQ is added up inside it by TMA bulk reduces;
-# past that the Triton dQ pass runs beside it (at D=128 the in-pass dQ was 15% slower). On an
-# H200 (benchmarks/results/2026-12-01-h200-bwd-sweep-gluon-dq-reduce.md): at N=4096 0.86x
-# cuDNN at D=64 and 0.77-0.81x at D=128 against 0.73-0.80x for the Triton defaults; at N=1024
-# it tied them at D=128 and lost 7% at D=64, where each program has few query tiles to
-# amortize its start (so D <= 64 keeps the Triton kernels below 2048 queries).
+# consumer warpgroups of 64 key rows, dQ added up inside it by TMA bulk reduces. On an H200
+# (benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows.md): 0.89-1.00x cuDNN at D=128 and
+# 0.99-1.00x at D=64 (128 query rows a step) at N=4096, 0.92-0.97x at N=1024, against 0.75-0.81x
+# for the Gluon pass beside the Triton dQ pass and 0.73-0.93x for the Triton kernels.
 GLUON_BACKWARD = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64,
                               num_warps=4, num_stages=3, dq_atomic=True)
 GLUON_BACKWARD_TWO_PASS = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, backward_default, default_config, defaults_for
+from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, backward_default,
+                                       default_config, defaults_for)
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.space import load_space
 from fa_autotune.spec.target import GpuInfo
