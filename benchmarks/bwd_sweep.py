@@ -3,7 +3,7 @@ compiled (in parallel processes), checked against float32 autograd and its dK/dV
 pass timed separately, so the best tile of each pass shows on its own (the two passes may want
 different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
 
-Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic|gluon_dq]
+Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic|gluon_dq|gluon_pers]
            [--problems n4096|short]
 Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
 best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
@@ -79,6 +79,14 @@ def gluon_dq_grid() -> list[dict]:
             + [dict(GLUON, num_stages=2, consumers=2, **DQ)])
 
 
+def gluon_pers_grid() -> list[dict]:
+    """The Hopper defaults (dQ inside; 64 rows and a ring of 3, 128 rows and a ring of 2) on a
+    grid of one program per tile, one per SM walking the tiles, and one per SM taking them
+    from an atomic counter."""
+    return [dict(GLUON, BLOCK_M=m, num_stages=s, consumers=2, dq_atomic=True, **extra)
+            for m, s in ((64, 3), (128, 2)) for extra in ({}, dict(persistent=1), dict(persistent=1, dynamic=True))]
+
+
 def inputs(problem, seed: int = 0):
     b, h, hkv, n, d, causal = problem
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -139,14 +147,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--problems", choices=("n4096", "short"), default="n4096",
                         help="n4096: llm-prefill's N=4096 shapes; short: its N=1024 ones and two at N=2048")
-    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic", "gluon_dq"), default="triton",
+    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic", "gluon_dq", "gluon_pers"), default="triton",
                         help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults; "
                              "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass; "
-                             "gluon_dq: two-consumer in-pass dQ forms only")
+                             "gluon_dq: two-consumer in-pass dQ forms only; gluon_pers: the defaults on persistent "
+                             "grids")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     configs = {"gluon": gluon_grid, "gluon_atomic": gluon_atomic_grid,
-               "gluon_dq": gluon_dq_grid}.get(args.set, lambda: grid(args.quick))()
+               "gluon_dq": gluon_dq_grid, "gluon_pers": gluon_pers_grid}.get(args.set, lambda: grid(args.quick))()
     started = time.time()
     problems = SHORT if args.problems == "short" else PROBLEMS
     work = [(i, c, p) for p in problems for i, c in enumerate(configs)]
@@ -179,7 +188,8 @@ def main() -> None:
                 row.update(name=cfg.name, ok=all(e <= bd for e, bd in zip(err, bound)), err=err)
                 calls = plan.calls(*call, acc=None if plan.acc_shape is None else
                                    torch.zeros(plan.acc_shape, device="cuda", dtype=torch.float32))
-                for part, (launch, targs) in zip(("pre", "dkdv", "dq"), calls):
+                # (a dynamic grid's tile counter is zeroed per call, so only whole calls time it)
+                for part, (launch, targs) in zip(("pre", "dkdv", "dq") if not cfg.dynamic else (), calls):
                     row[f"{part}_ms"] = time_callable(lambda: launch(*targs), warmup_ms=10, rep_ms=40).median_ms
                 row["total_ms"] = time_callable(lambda: plan(*call), warmup_ms=10, rep_ms=40).median_ms
                 if plan.dq is not None:  # the passes one after the other instead of side by side

@@ -400,7 +400,7 @@ class BackwardPlan:
     call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
     ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
-    __slots__ = ("pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors", "acc_descriptor")
+    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors", "acc_descriptor")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -417,7 +417,8 @@ class BackwardPlan:
         batch, heads, n_q, head_dim = q.shape
         heads_kv, n_k = k.shape[1], k.shape[2]
         scalars: dict[str, Any] = {"H": heads, "HKV": heads_kv, "GROUP": heads // heads_kv, "N_Q": n_q, "N_K": n_k,
-                                   "causal_offset": causal_offset, "qk_scale": sm_scale * LOG2E, "sm_scale": sm_scale}
+                                   "causal_offset": causal_offset, "qk_scale": sm_scale * LOG2E, "sm_scale": sm_scale,
+                                   "BHK": batch * heads_kv}
         for prefix, t in (("q", q), ("k", k), ("v", v), ("o", out), ("do", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
             scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
         flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": max(16, triton.next_power_of_2(head_dim)),
@@ -429,10 +430,17 @@ class BackwardPlan:
         self.pre = Launch(module.KERNELS["preprocess"], (q_tiles, batch * heads), _BWD_PRE, scalars, flags,
                           {"num_warps": 4})
         self.descriptors = self.acc_descriptor = None
+        self.config = config
         if gluon:
-            self.dkdv = Launch(load_module(config).KERNELS["dkdv"],
-                               (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv),
-                               _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ()), scalars, flags,
+            grid = (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv)
+            if config.persistent:  # one program per SM walking the tiles
+                grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
+            # A causal persistent grid's L2 sections: the KV heads whose group's Q and dO fit.
+            scalars["SECTION"] = l2_section(q.device, batch * heads_kv, 1, n_q * (heads // heads_kv),
+                                            flags["HEAD_DIM_PAD"], q.element_size())
+            self.dkdv = Launch(load_module(config).KERNELS["dkdv"], grid,
+                               _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ())
+                               + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                                {"num_warps": config.num_warps})
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
@@ -456,10 +464,11 @@ class BackwardPlan:
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
         if self.descriptors is not None:
             descs = self.descriptors(q=q, k=k, v=v, do=dout)
+            counter = _tile_counter(self.config, q.device)
             if self.dq is None:  # dQ added up inside the Gluon pass
                 return [(self.pre, (out, dout, delta)),
-                        (self.dkdv, (*descs, lse, delta, dk, dv, *self.acc_descriptor(dq=acc)))]
-            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv)),
+                        (self.dkdv, (*descs, lse, delta, dk, dv, *self.acc_descriptor(dq=acc), *counter))]
+            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv, *counter)),
                     (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:
             return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, acc))]

@@ -220,7 +220,8 @@ class KernelConfig:
             dq = "_dq{}x{}w{}s{}".format(*self.dq_pass()) if any(getattr(self, f) for f in DQ_FIELDS) else ""
             return (f"attn_bwd_gluon_m{self.BLOCK_M}n{self.BLOCK_N}x{self.consumers}_s{self.num_stages}_"
                     f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask")
-                    + ("_dqatomic" if self.dq_atomic else dq))
+                    + ("_dqatomic" if self.dq_atomic else dq) + (f"_pers{self.persistent}" if self.persistent else "")
+                    + ("_dyn" if self.dynamic else ""))
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -319,7 +320,7 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
                           f"rows per consumer, got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
-    for name in ("overlap", "pingpong", "one_loop", "dynamic", "exp2_emu"):
+    for name in ("overlap", "pingpong", "one_loop", "exp2_emu"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
 
@@ -338,8 +339,9 @@ def _validate_structure(cfg: KernelConfig) -> None:
     _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)
     if cfg.maxnreg and (cfg.maxnreg < 64 or cfg.maxnreg % 8):
         raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")
+    gluon_backward = cfg.loop_order == "backward" and cfg.language == "gluon"  # a persistent grid too
     if cfg.loop_order != "q_outer":
-        for name in ("rescale_threshold", "exp2_poly", "persistent", "tile_order"):
+        for name in ("rescale_threshold", "exp2_poly", "tile_order") + (() if gluon_backward else ("persistent",)):
             if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
                 raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")
 

@@ -264,8 +264,10 @@ DQ_ATOMIC = dict(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stag
                     reason="the Gluon dK/dV pass needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("changes", [{}, dict(num_stages=3), dict(causal_mode="masked"), dict(consumers=1),
-                                     dict(DQ_ATOMIC), dict(DQ_ATOMIC, causal_mode="masked", consumers=1)],
-                         ids=["s2", "s3", "masked", "one-consumer", "dq-atomic", "dq-atomic-masked-one-consumer"])
+                                     dict(DQ_ATOMIC), dict(DQ_ATOMIC, causal_mode="masked", consumers=1),
+                                     dict(persistent=1), dict(DQ_ATOMIC, persistent=1, dynamic=True)],
+                         ids=["s2", "s3", "masked", "one-consumer", "dq-atomic", "dq-atomic-masked-one-consumer",
+                              "persistent", "dq-atomic-persistent-dynamic"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c[2] <= 128],
                          ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-{'causal-' + c[4] if c[3] else 'full'}")
 def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):

@@ -66,9 +66,14 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_hopper_backward_defaults_to_gluon(dtype):
     """The Gluon backward on Hopper in fp16/bf16 up to D=128, dQ added up inside it (128 query
-    rows a step up to D=64, 64 past it), every length; the Triton kernels for fp32, D=256,
-    other GPUs, the interpreter, and (gluon=False) inputs the Gluon pass cannot read."""
+    rows a step up to D=64, 64 past it), every length, one program per SM taking tiles from a
+    counter without a mask (causal grids keep a program per tile); the Triton kernels for
+    fp32, D=256, other GPUs, the interpreter, and (gluon=False) inputs the Gluon pass cannot
+    read."""
     d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
+    full = Problem(4, 16, 16, 4096, 4096, 128, dtype, kind="bwd")
+    assert backward_default(full, (9, 0)) == GLUON_BACKWARD.with_(persistent=1, dynamic=True)
+    assert backward_default(full, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(full))
     assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
     assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and GLUON_BACKWARD.dq_atomic
     assert not GLUON_BACKWARD_TWO_PASS.dq_atomic and GLUON_BACKWARD_TWO_PASS.language == "gluon"
