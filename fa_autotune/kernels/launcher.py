@@ -238,7 +238,7 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     scalars["SECTION"] = l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"], head_dim_pad,
-                                    q.element_size())
+                                    q.element_size(), config.dynamic)
     main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                   {"num_warps": config.num_warps})
     descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
@@ -278,14 +278,27 @@ L2_SECTION_FRACTION = 0.5
 rest serves Q, O and the other sections' stragglers); FlashAttention-3 uses 32 of 50 MB."""
 
 
+DYNAMIC_SECTION = 8
+"""Heads per section of a causal Gluon grid that takes its tiles from a counter. Measured on an
+H200 (benchmarks/results/2026-12-02-h200-fwd-example-and-sections.md), sections of 4-16 heads
+ran such grids 2-7% faster than the L2-sized ones (D=128 N=4096 causal 0.998x -> 1.055x cuDNN,
+N=16384 1.021x -> 1.088x), the backward's 1-3% (2026-12-02-h200-bwd-persistent.md): with
+every program fetching the next longest tile, a narrow section keeps the running tiles on a
+few heads whose K and V stay in L2."""
+
+
 def l2_section(device: torch.device, batch_heads: int, group: int, n_k: int, head_dim_pad: int,
-               element_size: int) -> int:
-    """Query heads per section of a causal Gluon grid: as many as have K and V (shared by
-    ``group`` query heads) fitting in L2_SECTION_FRACTION of the L2 cache, at least one. The
-    grid runs each section's longest tiles first, so K/V is re-read from L2, not HBM, while
-    the rows of a section move down their heads (all heads at once on a CPU stand-in)."""
+               element_size: int, dynamic: bool = False) -> int:
+    """Heads per section of a causal Gluon grid (query heads; KV heads for the backward, with
+    ``n_k`` the Q and dO rows of a KV head's group): on a dynamic grid DYNAMIC_SECTION, else
+    as many as have K and V (shared by ``group`` query heads) fitting in L2_SECTION_FRACTION of
+    the L2 cache, at least one. The grid runs each section's longest tiles first, so K/V is
+    re-read from L2, not HBM, while the rows of a section move down their heads (all heads at
+    once on a CPU stand-in)."""
     if device.type != "cuda" or L2_SECTION_FRACTION <= 0:
         return batch_heads
+    if dynamic:
+        return min(batch_heads, DYNAMIC_SECTION)
     kv_per_head = 2 * n_k * head_dim_pad * element_size / max(group, 1)
     budget = torch.cuda.get_device_properties(device).L2_cache_size * L2_SECTION_FRACTION
     return max(1, min(batch_heads, int(budget // max(kv_per_head, 1))))
@@ -437,7 +450,7 @@ class BackwardPlan:
                 grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
             # A causal persistent grid's L2 sections: the KV heads whose group's Q and dO fit.
             scalars["SECTION"] = l2_section(q.device, batch * heads_kv, 1, n_q * (heads // heads_kv),
-                                            flags["HEAD_DIM_PAD"], q.element_size())
+                                            flags["HEAD_DIM_PAD"], q.element_size(), config.dynamic)
             self.dkdv = Launch(load_module(config).KERNELS["dkdv"], grid,
                                _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ())
                                + (("TileCounter",) if config.dynamic else ()), scalars, flags,

@@ -85,7 +85,8 @@ def test_direct_launch_only_on_the_tested_triton_range():
 def test_l2_sections_hold_as_many_heads_as_fit_in_the_budget(monkeypatch):
     """A causal Gluon grid walks sections of heads whose K/V fit in part of L2: GQA heads share
     their K/V, a head larger than the budget still makes a section of one, and the CPU
-    stand-in (no L2) takes every head at once."""
+    stand-in (no L2) takes every head at once. A dynamic grid walks sections of
+    DYNAMIC_SECTION heads whatever their size."""
     class Props:
         L2_cache_size = 64 << 20
 
@@ -98,5 +99,8 @@ def test_l2_sections_hold_as_many_heads_as_fit_in_the_budget(monkeypatch):
     assert launcher.l2_section(cuda, 10, 1, 1024, 128, 2) == 10  # never more than the grid's heads
     assert launcher.l2_section(cuda, 64, 1, 1 << 20, 128, 2) == 1  # one head's K/V beyond the budget
     assert launcher.l2_section(torch.device("cpu"), 256, 1, 1024, 128, 2) == 256
+    assert launcher.l2_section(cuda, 256, 1, 1024, 128, 2, True) == launcher.DYNAMIC_SECTION == 8
+    assert launcher.l2_section(cuda, 64, 1, 1 << 20, 128, 2, True) == 8  # past L2 as well
+    assert launcher.l2_section(cuda, 5, 1, 1024, 128, 2, True) == 5
     monkeypatch.setattr(launcher, "L2_SECTION_FRACTION", 0)
     assert launcher.l2_section(cuda, 256, 1, 1024, 128, 2) == 256

@@ -1,0 +1,58 @@
+"""Causal Gluon forward grids: the heads per L2 section (the launcher's _order runs each
+section's longest tiles first) fixed at 4, 8 and 16 against the launcher's L2-sized rule, for
+the config attention() dispatches (static persistent configs also with dynamic=True), beside
+cuDNN, 3 interleaved rounds. Each variant's output is checked against float32 first.
+
+    OUT=DIR python3 benchmarks/section_sweep_fwd.py      # writes DIR/fwd_section.json
+"""
+import json
+import os
+
+import torch
+from fa_autotune.kernels import launcher
+from fa_autotune.kernels.launcher import prepare
+from fa_autotune.runtime.dispatch import DISPATCHER
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.inputs import random_inputs
+from fa_autotune.tune.measure import time_callable
+from fa_autotune.tune.reference import compare, reference_attention
+from fa_autotune.bench import sdpa_call
+
+orig = launcher.l2_section
+res = []
+for (b, h, hkv, n, d, dt) in [(16, 32, 32, 1024, 64, "bfloat16"), (4, 32, 32, 4096, 64, "bfloat16"),
+                              (1, 32, 32, 16384, 64, "bfloat16"), (16, 16, 16, 1024, 128, "bfloat16"),
+                              (4, 16, 16, 4096, 128, "bfloat16"), (1, 16, 16, 16384, 128, "bfloat16"),
+                              (2, 32, 8, 8192, 128, "bfloat16"), (4, 28, 4, 3000, 128, "bfloat16")]:
+    p = Problem(b, h, hkv, n, n, d, dt, causal=True)
+    q, k, v = random_inputs(p, "cuda")
+    ref, _ = reference_attention(q, k, v, causal=True)
+    cfg = DISPATCHER.choose(p, "cuda", 0).config
+    plans = {}
+    variants = [(cfg, sec, f"sec{sec}") for sec in (4, 8, 16, None)]
+    if not cfg.dynamic:
+        variants += [(cfg.with_(dynamic=True), sec, f"dyn_sec{sec}") for sec in (4, 8, 16, None)]
+    for c_, sec, name in variants:
+        launcher.l2_section = (lambda *a, _s=sec: _s) if sec else orig
+        out = torch.empty_like(q)
+        plan = prepare(c_, q, k, v, out, None, d ** -0.5, 0, True)
+        launcher.l2_section = orig
+        plan(q, k, v, out, None)
+        torch.cuda.synchronize()
+        assert compare(out.float(), ref).passes(dt), sec
+        plans[name] = (plan, out)
+    cud, ctx = sdpa_call("cudnn", p, q, k, v)
+    times = {name: [] for name in plans}
+    times["cudnn"] = []
+    for r in range(3):
+        with ctx():
+            times["cudnn"].append(time_callable(cud, rep_ms=60).median_ms)
+        for name, (plan, out) in plans.items():
+            times[name].append(time_callable(lambda: plan(q, k, v, out, None), rep_ms=60).median_ms)
+    row = {"problem": p.key, "config": cfg.name, "ms": times,
+           "default_section": orig(q.device, b * h, h // hkv, n, d, 2)}
+    res.append(row)
+    best = {k_: round(min(v_), 4) for k_, v_ in times.items()}
+    print(p.key, cfg.name, "default", row["default_section"], best,
+          {k_: round(best["cudnn"] / v_, 3) for k_, v_ in best.items()}, flush=True)
+json.dump(res, open(os.environ["OUT"] + "/fwd_section.json", "w"), indent=1)
