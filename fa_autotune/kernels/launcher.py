@@ -237,8 +237,8 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
         raise ConfigError("language", "FP8 inputs run with language='triton' only")
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    scalars["SECTION"] = l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"], head_dim_pad,
-                                    q.element_size(), config.dynamic)
+    scalars["SECTION"] = config.section or l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"],
+                                                      head_dim_pad, q.element_size(), config.dynamic)
     main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                   {"num_warps": config.num_warps})
     descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
@@ -448,9 +448,10 @@ class BackwardPlan:
             grid = (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv)
             if config.persistent:  # one program per SM walking the tiles
                 grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
-            # A causal persistent grid's L2 sections: the KV heads whose group's Q and dO fit.
-            scalars["SECTION"] = l2_section(q.device, batch * heads_kv, 1, n_q * (heads // heads_kv),
-                                            flags["HEAD_DIM_PAD"], q.element_size(), config.dynamic)
+            # A causal persistent grid's L2 sections (KV heads): the config's, else the rule's
+            # (on a static grid the KV heads whose group's Q and dO fit in L2).
+            scalars["SECTION"] = config.section or l2_section(q.device, batch * heads_kv, 1, n_q * (heads // heads_kv),
+                                                              flags["HEAD_DIM_PAD"], q.element_size(), config.dynamic)
             self.dkdv = Launch(load_module(config).KERNELS["dkdv"], grid,
                                _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ())
                                + (("TileCounter",) if config.dynamic else ()), scalars, flags,
@@ -661,7 +662,8 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
     group = heads // k.shape[1]
     mean_k = max(k.shape[0] // max(batch, 1), 1)  # L2 sections sized by the mean sequence's K/V
     scalars = {"H": heads, "GROUP": group, "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,
-               "SECTION": l2_section(q.device, max(batch, 1) * heads, group, mean_k, head_dim_pad, q.element_size()),
+               "SECTION": config.section or l2_section(q.device, max(batch, 1) * heads, group, mean_k, head_dim_pad,
+                                                       q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
     launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK")

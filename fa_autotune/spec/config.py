@@ -25,6 +25,7 @@ TILE_ORDERS = ("seq", "head")
 FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
 FP8_PV_MODES = ("separate", "inplace")
 MAX_PERSISTENT = 4
+MAX_SECTION = 4096
 MAX_RESCALE_THRESHOLD = 16
 LANGUAGES = ("triton", "gluon")
 GLUON_BLOCK_M = (64, 128)  # rows per consumer warpgroup
@@ -40,7 +41,7 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "exp2_emu": 0,
+                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0, "exp2_emu": 0,
                       "dq_atomic": False,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
@@ -48,7 +49,7 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
-GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "exp2_emu")
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
 GLUON_EXP2_EMU = (0, 4, 8, 16)
 
@@ -96,6 +97,10 @@ class KernelConfig:
     # Gluon, persistent grid: programs take their next tile from an atomic counter (balances
     # causal grids, whose tiles differ in length) instead of every programs-th tile.
     dynamic: bool = False
+    # Gluon, persistent grid, causal problems: the heads per L2 section, whose longest tiles
+    # run before the next section's (0: the launcher's rule, sized from the L2 cache, or
+    # DYNAMIC_SECTION on a dynamic grid). Which size wins depends on heads, tiles and programs.
+    section: int = 0
     # Gluon forward: one score in every `exp2_emu` of an unmasked step gets 2**x from a
     # degree-3 polynomial on the FMA units instead of the MUFU unit (FlashAttention-4's
     # emulation; at D=64 the MUFU unit's exp2 takes as long as the step's matrix products);
@@ -221,7 +226,7 @@ class KernelConfig:
             return (f"attn_bwd_gluon_m{self.BLOCK_M}n{self.BLOCK_N}x{self.consumers}_s{self.num_stages}_"
                     f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask")
                     + ("_dqatomic" if self.dq_atomic else dq) + (f"_pers{self.persistent}" if self.persistent else "")
-                    + ("_dyn" if self.dynamic else ""))
+                    + ("_dyn" if self.dynamic else "") + (f"_sec{self.section}" if self.section else ""))
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -234,6 +239,8 @@ class KernelConfig:
             parts.append(f"pers{self.persistent}")
         if self.dynamic:
             parts.append("dyn")
+        if self.section:
+            parts.append(f"sec{self.section}")
         if self.exp2_emu:
             parts.append(f"emu{self.exp2_emu}")
         return "_".join(parts)
@@ -367,6 +374,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_choice("consumers", cfg.consumers, GLUON_CONSUMERS)
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
     _check_int("exp2_emu", cfg.exp2_emu, GLUON_EXP2_EMU, lo=0)
+    _check_int("section", cfg.section, lo=0, hi=MAX_SECTION)
     for name in ("overlap", "pingpong", "one_loop", "dynamic"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
@@ -399,5 +407,7 @@ def _validate_language(cfg: KernelConfig) -> None:
         raise ConfigError("one_loop", "one_loop merges the split mode's two K/V loops: it needs causal_mode='split'")
     if cfg.dynamic and cfg.persistent != 1:
         raise ConfigError("dynamic", "dynamic tile scheduling is for a persistent grid: it needs persistent=1")
+    if cfg.section and cfg.persistent != 1:
+        raise ConfigError("section", "L2 sections order the tiles of a persistent grid: it needs persistent=1")
     if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
         raise ConfigError("pingpong", "ping-pong needs consumers=2 and overlap=true")

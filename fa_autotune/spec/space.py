@@ -426,7 +426,7 @@ def _check_value(name: str, value: Any, where: str) -> None:
             probe["consumers"] = 1
         if name == "consumers":  # each value with registers that leave the producer its share
             probe["consumer_regs"] = 160
-        if name == "dynamic":
+        if name in ("dynamic", "section"):
             probe["persistent"] = 1
     try:
         KernelConfig.from_mapping(probe)

@@ -141,6 +141,22 @@ def study_name(prefix: str | None, gpu: GpuInfo, space: SearchSpace, problem: Pr
     return f"{prefix or 'fa-autotune'}:{gpu.slug}:{space.hash}:{problem.key}"
 
 
+def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, KernelConfig]]) -> list[KernelConfig]:
+    """What a study measures first, in order (the caller drops what its space cannot hold):
+    the default, this problem's earlier winners (a re-tune must measure the incumbent) and,
+    for a causal persistent Gluon winner, the same in other L2 sections (which size wins
+    depends on the heads, tiles and programs: 2026-12-02-h200-fwd-example-and-sections.md),
+    the Gluon structures worth measuring first, then the nearest tuned problems' winners."""
+    winners = [c for p, c in tuned if p == problem]
+    starts = defaults_for(problem, gpu) + winners
+    starts += [c.with_(section=s) for c in winners if problem.causal and c.language == "gluon" and c.persistent
+               for s in (4, 8, 16) if s != c.section]
+    starts += gluon_candidates(problem, gpu.capability_tuple)
+    neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
+                        key=lambda item: (item[0], item[1].canonical_json()))
+    return starts + [c for d, c in neighbours[:4] if math.isfinite(d)]
+
+
 class Tuner:
     def __init__(self, db: Database, space: SearchSpace, gpu: GpuInfo, software: SoftwareInfo,
                  options: TuneOptions, reporter: Reporter | None = None) -> None:
@@ -294,16 +310,8 @@ class Tuner:
         if not self.options.warm_start:
             return
         allowed = set(grid)
-        tuned = tuned_problems(self.db, self.gpu)
-        # The default, this problem's earlier winners (a re-tune must measure the incumbent),
-        # the Gluon structures worth measuring first, then the nearest tuned problems' winners.
-        starts = defaults_for(problem, self.gpu) + [c for p, c in tuned if p == problem]
-        starts += gluon_candidates(problem, self.gpu.capability_tuple)
-        neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
-                            key=lambda item: (item[0], item[1].canonical_json()))
-        starts += [c for d, c in neighbours[:4] if math.isfinite(d)]
         seen = set()
-        for config in starts:
+        for config in warm_starts(problem, self.gpu, tuned_problems(self.db, self.gpu)):
             if config in allowed and config not in seen:
                 seen.add(config)
                 study.enqueue_trial(self._params(config))

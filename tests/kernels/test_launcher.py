@@ -104,3 +104,25 @@ def test_l2_sections_hold_as_many_heads_as_fit_in_the_budget(monkeypatch):
     assert launcher.l2_section(cuda, 5, 1, 1024, 128, 2, True) == 5
     monkeypatch.setattr(launcher, "L2_SECTION_FRACTION", 0)
     assert launcher.l2_section(cuda, 256, 1, 1024, 128, 2) == 256
+
+
+def test_a_configs_section_overrides_the_l2_rule():
+    """A causal persistent Gluon config's ``section`` reaches the kernel as SECTION (forward and
+    backward); 0 leaves it to the launcher's rule (all heads on a CPU stand-in)."""
+    from fa_autotune.kernels.launcher import BackwardPlan, prepare
+    from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT
+
+    q, k, v = (torch.empty(2, 12, 300, 128, device="meta", dtype=torch.float16) for _ in range(3))
+
+    def section(launch) -> int:
+        names = [n for n in launch.kernel.arg_names if n not in launcher.FLAGS]
+        return dict(zip(names[len(names) - len(launch.fixed):], launch.fixed))["SECTION"]
+
+    for config, expected in ((GLUON_DEFAULT.with_(persistent=1), 24), (GLUON_DEFAULT.with_(persistent=1, section=4), 4)):
+        plan = prepare(config, q, k, v, torch.empty_like(q), None, 0.1, 0, True)
+        (launch, _), = plan.arguments(q, k, v, torch.empty_like(q), None, None)
+        assert section(launch) == expected, config.name
+    for config, expected in ((GLUON_BACKWARD.with_(persistent=1, dynamic=True), 24),
+                             (GLUON_BACKWARD.with_(persistent=1, dynamic=True, section=16), 16)):
+        plan = BackwardPlan(config, q, k, v, q, q, q, k, v, 0.1, 0, True)
+        assert section(plan.dkdv) == expected, config.name

@@ -52,6 +52,7 @@ def test_gluon_names_spell_the_schedule():
     assert KernelConfig(**dict(GLUON, overlap=False, causal_mode="masked")).name.endswith("_cmask")
     assert KernelConfig(**GLUON, one_loop=True).name.endswith("_ov_1loop")
     assert KernelConfig(**GLUON, exp2_emu=8).name.endswith("_ov_emu8")
+    assert KernelConfig(**GLUON, persistent=1, dynamic=True, section=8).name.endswith("_ov_pers1_dyn_sec8")
 
 
 def test_triton_configs_keep_their_canonical_json():
@@ -83,6 +84,9 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(exp2_emu=3), "exp2_emu"),  # not a divisor of any thread's score count
     (dict(exp2_emu=True), "exp2_emu"),
     (dict(loop_order="backward", BLOCK_N=64, exp2_emu=8), "exp2_emu"),  # the backward has no such step
+    (dict(section=4), "section"),  # sections order a persistent grid's tiles
+    (dict(persistent=1, section=-1), "section"),
+    (dict(persistent=1, section=True), "section"),
 ])
 def test_gluon_configs_are_validated(changes, field):
     with pytest.raises(ConfigError) as info:
@@ -92,7 +96,7 @@ def test_gluon_configs_are_validated(changes, field):
 
 def test_triton_configs_refuse_gluon_knobs():
     for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232),
-                        ("one_loop", True), ("exp2_emu", 8)):
+                        ("one_loop", True), ("exp2_emu", 8), ("section", 4)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})
 
@@ -138,6 +142,8 @@ def test_gluon_backward_configs():
     config = KernelConfig(**base, dq_block_m=128, dq_warps=8)
     assert config.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dq128x64w8s3"
     assert KernelConfig(**base, dq_atomic=True).name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic"
+    persistent = KernelConfig(**base, dq_atomic=True, persistent=1, dynamic=True, section=16)
+    assert persistent.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic_pers1_dyn_sec16"
     for changes, field in ((dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True, dq_warps=8), "dq_warps"),
                            (dict(consumers=3, consumer_regs=160), "consumers"), (dict(pingpong=True), "pingpong"),
                            (dict(access="pointer"), "access"), (dict(loop_order="decode"), None)):

@@ -249,3 +249,24 @@ def test_runs_sharing_a_database_spread_over_the_problems(tuner):
         assert marks[name(problems[0])]["owner"] == f"{host}:run:{sleeper.pid}"  # another run's left alone
     finally:
         sleeper.kill()
+
+
+def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
+    """On Hopper a re-tune of a causal problem measures the default, the incumbent, the
+    incumbent in sections of 4, 8 and 16 heads (persistent Gluon grids only), then the Gluon
+    structures; a non-causal problem gets no section variants."""
+    from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
+    from fa_autotune.spec.target import GpuInfo
+    from fa_autotune.tune.search import warm_starts
+
+    hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+    causal = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16", causal=True)
+    incumbent = GLUON_DEFAULT.with_(persistent=1, section=8)
+    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    defaults = defaults_for(causal, hopper)
+    assert starts[:len(defaults) + 3] == defaults + [incumbent, incumbent.with_(section=4),
+                                                    incumbent.with_(section=16)]
+    full = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16")
+    assert not any(c.section for c in warm_starts(full, hopper, [(full, incumbent.with_(section=0))]))
+    triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
+    assert not any(c.section for c in warm_starts(causal, hopper, [(causal, triton)]))
