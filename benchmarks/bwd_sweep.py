@@ -3,7 +3,8 @@ compiled (in parallel processes), checked against float32 autograd and its dK/dV
 pass timed separately, so the best tile of each pass shows on its own (the two passes may want
 different tiles, and atomic dQ folds the dQ pass into the dK/dV one).
 
-Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14] [--set triton|gluon|gluon_atomic|gluon_dq|gluon_pers]
+Usage: python3 benchmarks/bwd_sweep.py --out DIR [--quick] [--jobs 14]
+           [--set triton|gluon|gluon_atomic|gluon_dq|gluon_pers]
            [--problems n4096|short]
 Writes DIR/bwd_sweep.json and prints, per problem, the fastest configs of each pass and the
 best whole backward (preprocess + dK/dV + dQ) against SDPA cuDNN's backward.
@@ -147,7 +148,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=14)
     parser.add_argument("--problems", choices=("n4096", "short"), default="n4096",
                         help="n4096: llm-prefill's N=4096 shapes; short: its N=1024 ones and two at N=2048")
-    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic", "gluon_dq", "gluon_pers"), default="triton",
+    parser.add_argument("--set", choices=("triton", "gluon", "gluon_atomic", "gluon_dq", "gluon_pers"),
+                        default="triton",
                         help="triton: the Triton kernels' tiles; gluon: the Gluon dK/dV pass against the defaults; "
                              "gluon_atomic: the Gluon pass with dQ inside it against its best with a dQ pass; "
                              "gluon_dq: two-consumer in-pass dQ forms only; gluon_pers: the defaults on persistent "

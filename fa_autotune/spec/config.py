@@ -41,7 +41,8 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
-                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0, "exp2_emu": 0,
+                      "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
+                      "exp2_emu": 0,
                       "dq_atomic": False,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The

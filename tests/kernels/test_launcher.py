@@ -118,7 +118,8 @@ def test_a_configs_section_overrides_the_l2_rule():
         names = [n for n in launch.kernel.arg_names if n not in launcher.FLAGS]
         return dict(zip(names[len(names) - len(launch.fixed):], launch.fixed))["SECTION"]
 
-    for config, expected in ((GLUON_DEFAULT.with_(persistent=1), 24), (GLUON_DEFAULT.with_(persistent=1, section=4), 4)):
+    for config, expected in ((GLUON_DEFAULT.with_(persistent=1), 24),
+                             (GLUON_DEFAULT.with_(persistent=1, section=4), 4)):
         plan = prepare(config, q, k, v, torch.empty_like(q), None, 0.1, 0, True)
         (launch, _), = plan.arguments(q, k, v, torch.empty_like(q), None, None)
         assert section(launch) == expected, config.name
