@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -294,14 +295,26 @@ def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool]) -> Co
     return compile_variant(*job)
 
 
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
 def compile_many(
     configs: Iterable[KernelConfig], problem: Problem, capability: tuple[int, int] = HOPPER, jobs: int | None = None,
     sass: bool = False,
 ) -> list[CompileResult]:
-    """Compile many variants in a pool of fresh worker processes (never interpreted)."""
+    """Compile many variants in a pool of worker processes (never interpreted), kept for the
+    next call with as many workers: a worker starts in seconds (it imports torch and Triton
+    afresh), a compile takes about one. A pool a crashed worker broke is dropped."""
     configs = list(configs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=compiler_init,
-                             initargs=(os.getpid(),)) as pool:
+    pool = _POOLS.get(workers)
+    if pool is None:
+        pool = _POOLS[workers] = ProcessPoolExecutor(max_workers=workers,
+                                                     mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=compiler_init, initargs=(os.getpid(),))
+    try:
         return list(pool.map(_compile_job, [(c, problem, capability, sass) for c in configs]))
+    except BrokenProcessPool:
+        _POOLS.pop(workers, None)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
