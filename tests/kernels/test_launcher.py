@@ -107,9 +107,10 @@ def test_l2_sections_hold_as_many_heads_as_fit_in_the_budget(monkeypatch):
 
 
 def test_a_configs_section_overrides_the_l2_rule():
-    """A causal persistent Gluon config's ``section`` reaches the kernel as SECTION (forward and
-    backward); 0 leaves it to the launcher's rule (all heads on a CPU stand-in)."""
-    from fa_autotune.kernels.launcher import BackwardPlan, prepare
+    """A causal persistent Gluon config's ``section`` reaches the kernel as SECTION (forward,
+    backward, packed sequences); 0 leaves it to the launcher's rule (all heads on a CPU
+    stand-in)."""
+    from fa_autotune.kernels.launcher import BackwardPlan, VarlenPlan, prepare
     from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT
 
     q, k, v = (torch.empty(2, 12, 300, 128, device="meta", dtype=torch.float16) for _ in range(3))
@@ -127,3 +128,8 @@ def test_a_configs_section_overrides_the_l2_rule():
                              (GLUON_BACKWARD.with_(persistent=1, dynamic=True, section=16), 16)):
         plan = BackwardPlan(config, q, k, v, q, q, q, k, v, 0.1, 0, True)
         assert section(plan.dkdv) == expected, config.name
+    packed = torch.empty(600, 12, 128, device="meta", dtype=torch.float16)  # two sequences of 300
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32)
+    varlen = VarlenPlan(GLUON_DEFAULT.with_(persistent=1, section=4), packed, packed, packed, cu, 300, 0.1, True,
+                        torch.empty_like(packed), None)
+    assert section(varlen.launch) == 4
