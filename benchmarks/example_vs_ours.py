@@ -1,7 +1,7 @@
 """The shared FlashAttention-3-style Gluon example (../shared/examples/gluon_fa3_fwd_h200.py,
 copied next to this script or found through EXAMPLES) against the forward attention()
-dispatches and cuDNN, D=128 non-causal, 3 interleaved rounds, in TFLOPS; the example's output
-is compared with ours first.
+dispatches and cuDNN, D=128 non-causal, 3 interleaved rounds, in TFLOPS; both outputs are
+checked against float32 first.
 
     EXAMPLES=../shared/examples OUT=DIR python3 benchmarks/example_vs_ours.py
 """
@@ -17,6 +17,7 @@ import fa_autotune
 from fa_autotune.bench import sdpa_call
 from fa_autotune.spec.problem import Problem
 from fa_autotune.tune.measure import time_callable
+from fa_autotune.tune.reference import compare, reference_attention
 
 res = {}
 for dtype in (torch.bfloat16, torch.float16):
@@ -28,8 +29,13 @@ for dtype in (torch.bfloat16, torch.float16):
         ours = lambda: fa_autotune.attention(q, k, v, False)
         prob = Problem(B, H, H, N, N, D, str(dtype).split(".")[1])
         cud, ctx = sdpa_call("cudnn", prob, q, k, v)
-        ref = ours().float()
-        ex(); err = (o.float() - ref).abs().max().item()
+        exact, _ = reference_attention(q, k, v)
+        ex()
+        for name, got in (("example", o), ("ours", ours())):
+            report = compare(got.float(), exact)
+            if not report.passes(prob.dtype):
+                raise SystemExit(f"{name} is wrong on {prob.key}: rel error {report.rel:.3g}")
+        err = (o.float() - ours().float()).abs().max().item()
         flops = 4 * B * H * N * N * D
         key = f"{prob.key}"
         res[key] = {"example": [], "ours": [], "cudnn": [], "ex_vs_ours_maxdiff": err,
@@ -39,5 +45,6 @@ for dtype in (torch.bfloat16, torch.float16):
                 with (ctx() if name == "cudnn" else contextlib.nullcontext()):
                     ms = time_callable(fn, rep_ms=150).median_ms
                 res[key][name].append(flops / ms / 1e9)
-        print(key, res[key]["ours_kernel"], {n: [round(x) for x in res[key][n]] for n in ("example", "ours", "cudnn")}, "maxdiff", err, flush=True)
+        print(key, res[key]["ours_kernel"], {n: [round(x) for x in res[key][n]] for n in ("example", "ours", "cudnn")},
+              "maxdiff", err, flush=True)
 json.dump(res, open(os.environ.get("OUT", ".") + "/fa3_vs_ours.json", "w"), indent=1)
