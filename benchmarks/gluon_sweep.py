@@ -104,6 +104,33 @@ VARIANT_SETS = {
         "3c n64 s3 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=3, consumers=3, consumer_regs=160,
                                    persistent=1, dynamic=True),
     },
+    # each consumer warpgroup stepping through its own K/V range (its diagonal; none past the
+    # sequence's end): 64-key steps under 2 x 64-row tiles and 192-row tiles skip a step on
+    # the diagonal that 128-key steps under 128-row tiles cannot; the shipped D=64 causal
+    # kernels first
+    "own_range": {
+        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                 one_loop=True),
+        "n128 dyn plain 1loop sec16 emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
+                                                 dynamic=True, overlap=False, one_loop=True, section=16, exp2_emu=16),
+        **{f"n64 s{s} {name}": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=s, persistent=1, **knobs)
+           for s in (2, 3) for name, knobs in (
+               ("plain 1loop", dict(overlap=False, one_loop=True)),
+               ("dyn plain 1loop", dict(overlap=False, one_loop=True, dynamic=True)),
+               ("dyn", dict(dynamic=True)),
+               ("dyn plain 1loop emu16", dict(overlap=False, one_loop=True, dynamic=True, exp2_emu=16)))},
+    },
+    "own_range_3c": {
+        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                 one_loop=True),
+        "3c n128 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                 persistent=1, dynamic=True),
+        "3c n128 r160 dyn plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3,
+                                             consumer_regs=160, persistent=1, dynamic=True, overlap=False,
+                                             one_loop=True),
+        "3c n64 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3, consumer_regs=160,
+                                persistent=1, dynamic=True),
+    },
     # short causal grids: the static persistent kernel with the consumers taking turns, and
     # without the intra-warpgroup overlap
     "short_causal": {

@@ -27,6 +27,7 @@ from ..spec.problem import Problem
 from ..spec.target import interpreter_active
 from .checks import check_gluon_backward
 from .render import KernelModule, load_module
+from .tiles import tile_starts
 
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
@@ -607,7 +608,7 @@ class VarlenPlan:
     sends the kernel through Triton's JIT path, as the backward's plans showed (0.45 ms a
     call)."""
 
-    __slots__ = ("launch", "descriptors", "config", "extra")
+    __slots__ = ("launch", "descriptors", "config", "extra", "tile_starts")
 
     def __init__(self, config: KernelConfig, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out,
                  lse) -> None:
@@ -616,10 +617,12 @@ class VarlenPlan:
         if kernel is None:
             raise ConfigError("access", f"{config.name} has no variable-length kernel (see varlen_config)")
         head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-        self.config, self.descriptors, self.extra = config, None, ()
+        self.config, self.descriptors, self.extra, self.tile_starts = config, None, (), None
         if config.language == "gluon":
             self.launch, self.descriptors = _gluon_varlen(config, kernel, q, k, v, cu_q, max_q, scale, causal, out,
                                                           lse, head_dim_pad)
+            self.tile_starts = Launch(tile_starts, (1,), ("CuSeqQ", "TileStart"), {"B": batch},
+                                      {"TILE_M": config.BLOCK_M * config.consumers}, {"num_warps": 4})
             return
         scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
                                    "qk_scale": scale * LOG2E}
@@ -646,27 +649,35 @@ class VarlenPlan:
         if self.descriptors is None:
             return (q, k, v, out, lse, cu_q, cu_k, *self.extra)
         views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkv", (q, k, v))}  # (1, heads, rows, D)
-        return (*self.descriptors(**views), out, lse, cu_q, cu_k, *_tile_counter(self.config, q.device))
+        starts = torch.empty(cu_q.numel(), dtype=torch.int32, device=q.device)  # filled by tile_starts
+        return (*self.descriptors(**views), out, lse, cu_q, cu_k, starts, *_tile_counter(self.config, q.device))
 
     def __call__(self, q, k, v, cu_q, cu_k, out, lse) -> None:
-        self.launch(*self.args(q, k, v, cu_q, cu_k, out, lse))
+        args = self.args(q, k, v, cu_q, cu_k, out, lse)
+        if self.tile_starts is not None:
+            self.tile_starts(cu_q, args[_VARLEN.index("CuSeqK") + 1])
+        self.launch(*args)
 
 
 def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out, lse,
                   head_dim_pad: int) -> tuple[Launch, Callable[..., tuple]]:
     """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
-    packed row, dim) views of the packed tensors (no copy), O through a masked store."""
+    packed row, dim) views of the packed tensors (no copy), O through a masked store. Its
+    grid covers each sequence's own tiles (from the TileStart table the plan writes first,
+    see kernels/tiles.py); the host knows only a bound on their number (every sequence at
+    most one ragged tile, none longer than max_q), so programs past the real count exit."""
     batch, heads = cu_q.numel() - 1, q.shape[1]  # checked by the caller (kernels.checks.check_config)
-    tiles = triton.cdiv(max(max_q, 1), config.BLOCK_M * config.consumers) * max(batch, 1) * heads
-    grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
+    rows = config.BLOCK_M * config.consumers
+    tiles = min(triton.cdiv(max(max_q, 1), rows) * batch, triton.cdiv(q.shape[0], rows) + batch) * heads
+    grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (max(tiles, 1),)
     group = heads // k.shape[1]
     mean_k = max(k.shape[0] // max(batch, 1), 1)  # L2 sections sized by the mean sequence's K/V
-    scalars = {"H": heads, "GROUP": group, "BH": max(batch, 1) * heads, "MAX_N_Q": max_q,
+    scalars = {"H": heads, "GROUP": group, "B": batch,
                "SECTION": config.section or l2_section(q.device, max(batch, 1) * heads, group, mean_k, head_dim_pad,
                                                        q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
-    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK")
+    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK", "TileStart")
                     + (("TileCounter",) if config.dynamic else ()), scalars, flags, {"num_warps": config.num_warps})
     return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
                                                               "v": config.BLOCK_N})

@@ -98,7 +98,9 @@ def decode_default(problem: Problem, capability: tuple[int, int] | None = None, 
 def decode_candidates(problem: Problem, capability: tuple[int, int] | None = None,
                       sm_count: int = 132) -> list[KernelConfig]:
     """The decode default first, then the neighbours a tune should measure first (the split
-    counts around it, both pipeline depths)."""
+    counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep:
+    the best or next-best tile on every row of issue 15's table in
+    benchmarks/results/2026-12-02-h200-decode-splits.md)."""
     rows = problem.seqlen_q * problem.gqa_group
     block_m = min(128, max(16, 1 << max(0, (rows - 1).bit_length())))
     programs = max(1, problem.batch * problem.heads_kv * -(-rows // block_m))
@@ -118,6 +120,12 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
                               num_splits=split)
         if config not in out:
             out.append(config)
+    if not problem.page_size:
+        for split in dict.fromkeys((splits(1), 1)):
+            config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=3,
+                                  num_splits=split)
+            if split * 128 <= problem.seqlen_k and config not in out:
+                out.append(config)
     return out
 
 

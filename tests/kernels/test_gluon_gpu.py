@@ -27,8 +27,13 @@ KNOBS = {
     "2c-plain-one-loop": dict(one_loop=True, overlap=False),
     "2c-plain-one-loop-dynamic-emu8": dict(overlap=False, one_loop=True, persistent=1, dynamic=True, exp2_emu=8),
     "2c-emu4": dict(exp2_emu=4),
+    "3c-n64-dynamic": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, dynamic=True),
     "3c-n64-emu16": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, exp2_emu=16),
     "2c-n64-s3": dict(BLOCK_N=64, num_stages=3),
+    # 64-key steps under 2 x 64-row tiles: each warpgroup stops at its own diagonal
+    "2c-n64-dynamic": dict(BLOCK_N=64, persistent=1, dynamic=True),
+    "2c-n64-plain": dict(BLOCK_N=64, overlap=False),  # two loops; a warpgroup past N_Q runs neither
+    "2c-n64-plain-one-loop-dynamic": dict(BLOCK_N=64, overlap=False, one_loop=True, persistent=1, dynamic=True),
     "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
     "1c-m64-masked": dict(consumers=1, causal_mode="masked", num_stages=3),
 }

@@ -172,6 +172,8 @@ GLUON_VARLEN = {
     "plain": dict(GLUON, BLOCK_N=64, num_stages=3, overlap=False),
     "masked-one-loop": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, causal_mode="masked"),
     "dynamic": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True),
+    "3c-n64-dynamic": dict(GLUON, BLOCK_N=64, num_stages=2, consumers=3, consumer_regs=160, persistent=1,
+                           dynamic=True),
 }
 
 

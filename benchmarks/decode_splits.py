@@ -1,0 +1,102 @@
+"""Split counts of the contiguous-cache decode kernel against SDPA cuDNN, side by side: for
+each row of issue 15's table, every (split count, tile) pair checked against float32
+attention first, then timed in interleaved rounds with cuDNN.
+
+A row's (batch x KV heads) programs rarely fill 132 SMs evenly (16 x 8 = 128 leaves 4 idle at
+one split); split counts that make the programs a multiple of the SM count (33, 66) balance
+them at the price of a bigger combine.
+
+Usage: python3 benchmarks/decode_splits.py --out DIR [--rows 16x16384,8x32768] [--rounds 3]
+Writes DIR/decode_splits.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from torch.nn.attention import SDPBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_sweep import D, HKV, HQ, TABLE, plan_call, sdpa, table_inputs  # noqa: E402
+
+from fa_autotune.spec.config import KernelConfig  # noqa: E402
+from fa_autotune.spec.problem import Problem  # noqa: E402
+from fa_autotune.tune.measure import time_callable  # noqa: E402
+
+SPLITS = (1, 2, 3, 4, 6, 8, 16, 33, 66)
+TILES = ((64, 2), (64, 4), (128, 3))  # (BLOCK_N, stages)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--rows", default=",".join(f"{b}x{n}" for b, n in TABLE))
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for spec in args.rows.split(","):
+        batch, n = (int(x) for x in spec.split("x"))
+        q, kc, vc, lens = table_inputs(batch, n)
+        gb = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode").kv_bytes / 1e9
+        cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc)
+        ref = sdpa(SDPBackend.MATH, q.float(), kc.float(), vc.float())().transpose(1, 2)  # float32
+        calls, status = {"cudnn": cudnn}, {}
+        for (bn, stages), splits in ((t, s) for t in TILES for s in SPLITS):
+            if splits * bn > n:
+                continue
+            cfg = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=bn, num_warps=4, num_stages=stages,
+                               num_splits=splits)
+            out = torch.empty_like(q)
+            try:
+                fn = plan_call(cfg, q, kc, vc, lens, None, out)
+                fn()
+                torch.cuda.synchronize()
+                err = float((out.float() - ref).norm() / ref.norm())  # bf16 against float32: about 3e-3
+                if not err < 2e-2:
+                    status[cfg.name] = f"wrong: rel {err:.3g}"
+                    continue
+                calls[cfg.name] = fn
+            except Exception as exc:  # a config that cannot run is a result
+                status[cfg.name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        samples = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                samples[name].append(time_callable(fn).median_ms)
+        ms = {name: statistics.median(v) for name, v in samples.items()}
+        best = min((k for k in ms if k != "cudnn"), key=ms.get)
+        row = {"batch": batch, "context": n, "kv_gb": gb, "ms": ms, "status": status, "best": best,
+               "best_vs_cudnn": ms["cudnn"] / ms[best]}
+        results.append(row)
+        print(f"{batch}x{n}: cudnn {ms['cudnn'] * 1e3:.1f} us, best {best} {ms[best] * 1e3:.1f} us "
+              f"({row['best_vs_cudnn']:.3f}x); " + ", ".join(f"{k.split('_cband_')[0][12:]}x{k.split('_x')[-1]} "
+                                                               f"{v * 1e3:.1f}" for k, v in sorted(ms.items(), key=lambda kv: kv[1])[:8]),
+              flush=True)
+        del q, kc, vc
+        torch.cuda.empty_cache()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
+            "rounds": args.rounds}
+    (args.out / "decode_splits.json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    lines = [f"# Decode split counts on {meta['gpu']} ({meta['date']})", "",
+             f"torch {meta['torch']}, triton {meta['triton']}, cuDNN {meta['cudnn']}; bf16, H_q {HQ}, H_kv {HKV}, "
+             f"D {D}, one query token; median of {args.rounds} interleaved rounds; microseconds (TB/s of K/V read).", "",
+             "| batch x context | cuDNN | best | best config | x cuDNN | runner-up |", "|---|---|---|---|---|---|"]
+    for r in results:
+        ranked = sorted((k for k in r["ms"] if k != "cudnn"), key=r["ms"].get)
+        second = ranked[1] if len(ranked) > 1 else ""
+        lines.append(f"| {r['batch']} x {r['context']} | {r['ms']['cudnn'] * 1e3:.1f} ({r['kv_gb'] / r['ms']['cudnn']:.2f})"
+                     f" | {r['ms'][r['best']] * 1e3:.1f} ({r['kv_gb'] / r['ms'][r['best']]:.2f}) | `{r['best']}` | "
+                     f"{r['best_vs_cudnn']:.3f} | `{second}` {r['ms'].get(second, 0) * 1e3:.1f} |")
+    (args.out / "decode_splits.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
