@@ -559,6 +559,7 @@ else:
 
 # ------------------------------------------------------------------ one call
 _VARLEN = ("Q", "K", "V", "Out", "Lse", "CuSeqQ", "CuSeqK")
+_GLUON_VARLEN = ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK", "TileStart")  # + TileCounter (dynamic)
 
 
 def varlen_config(*candidates: KernelConfig, gluon: bool = False) -> KernelConfig:
@@ -604,7 +605,8 @@ class VarlenPlan:
     """The variable-length kernel of ``config`` for one layout of packed q, k, v (and one
     batch size, longest sequence and total token count, which fix its grid and scalars);
     called with the tensors of each call (``launch`` and ``args`` are also what
-    ahead-of-time compilation specialises on). Kept by attention_varlen per layout: building it
+    ahead-of-time compilation specialises on; a Gluon plan's launch also needs its
+    ``tile_starts`` launch first, which calling the plan does). Kept by attention_varlen per layout: building it
     sends the kernel through Triton's JIT path, as the backward's plans showed (0.45 ms a
     call)."""
 
@@ -655,7 +657,7 @@ class VarlenPlan:
     def __call__(self, q, k, v, cu_q, cu_k, out, lse) -> None:
         args = self.args(q, k, v, cu_q, cu_k, out, lse)
         if self.tile_starts is not None:
-            self.tile_starts(cu_q, args[_VARLEN.index("CuSeqK") + 1])
+            self.tile_starts(cu_q, args[_GLUON_VARLEN.index("TileStart")])
         self.launch(*args)
 
 
@@ -677,8 +679,8 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
                                                        q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
-    launch = Launch(kernel, grid, ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK", "TileStart")
-                    + (("TileCounter",) if config.dynamic else ()), scalars, flags, {"num_warps": config.num_warps})
+    launch = Launch(kernel, grid, _GLUON_VARLEN + (("TileCounter",) if config.dynamic else ()), scalars, flags,
+                    {"num_warps": config.num_warps})
     return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
                                                               "v": config.BLOCK_N})
 

@@ -120,7 +120,7 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
                               num_splits=split)
         if config not in out:
             out.append(config)
-    if not problem.page_size:
+    if not problem.page_size and problem.head_dim_pad <= 128 and block_m <= 64:  # 3 stages of 128 x 128 K and V fit
         for split in dict.fromkeys((splits(1), 1)):
             config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=3,
                                   num_splits=split)
