@@ -131,6 +131,20 @@ VARIANT_SETS = {
         "3c n64 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3, consumer_regs=160,
                                 persistent=1, dynamic=True),
     },
+    # the diagonal half step (half_step) in the shipped D=64 causal kernels
+    "half_step": {
+        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                 one_loop=True),
+        "n128 plain 1loop half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                      one_loop=True, half_step=True),
+        "n128 dyn plain 1loop sec16 emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
+                                                 dynamic=True, overlap=False, one_loop=True, section=16, exp2_emu=16),
+        "n128 dyn plain 1loop sec16 emu16 half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
+                                                      dynamic=True, overlap=False, one_loop=True, section=16,
+                                                      exp2_emu=16, half_step=True),
+        "n128 plain half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                half_step=True),
+    },
     # short causal grids: the static persistent kernel with the consumers taking turns, and
     # without the intra-warpgroup overlap
     "short_causal": {

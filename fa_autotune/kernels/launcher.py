@@ -559,7 +559,7 @@ else:
 
 # ------------------------------------------------------------------ one call
 _VARLEN = ("Q", "K", "V", "Out", "Lse", "CuSeqQ", "CuSeqK")
-_GLUON_VARLEN = ("q_desc", "k_desc", "v_desc", "Out", "Lse", "CuSeqQ", "CuSeqK", "TileStart")  # + TileCounter (dynamic)
+_GLUON_VARLEN = ("q_desc", "k_desc", "v_desc", "o_desc", "Out", "Lse", "CuSeqQ", "CuSeqK", "TileStart")  # + TileCounter (dynamic)
 
 
 def varlen_config(*candidates: KernelConfig, gluon: bool = False) -> KernelConfig:
@@ -650,7 +650,7 @@ class VarlenPlan:
     def args(self, q, k, v, cu_q, cu_k, out, lse) -> tuple:
         if self.descriptors is None:
             return (q, k, v, out, lse, cu_q, cu_k, *self.extra)
-        views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkv", (q, k, v))}  # (1, heads, rows, D)
+        views = {name: t.unsqueeze(0).transpose(1, 2) for name, t in zip("qkvo", (q, k, v, out))}  # (1, heads, rows, D)
         starts = torch.empty(cu_q.numel(), dtype=torch.int32, device=q.device)  # filled by tile_starts
         return (*self.descriptors(**views), out, lse, cu_q, cu_k, starts, *_tile_counter(self.config, q.device))
 
@@ -682,7 +682,7 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
     launch = Launch(kernel, grid, _GLUON_VARLEN + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                     {"num_warps": config.num_warps})
     return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
-                                                              "v": config.BLOCK_N})
+                                                              "v": config.BLOCK_N, "o": config.BLOCK_M})
 
 
 def resolve_scale(scale: float | None, head_dim: int) -> float:

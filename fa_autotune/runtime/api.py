@@ -12,6 +12,7 @@ import json
 import math
 import numbers
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -443,7 +444,8 @@ def attention_varlen(
     ``causal=True`` aligns the diagonal bottom-right per sequence (the last query sees every
     key), as flash-attn does. Returns the output (total_q, heads_q, D) and, with
     ``return_softmax_lse=True``, also the natural-log LSE (heads_q, total_q), fp32. The
-    lengths are checked on the host (one small copy, which waits for the GPU) unless
+    lengths are checked on the host (one small copy, which waits for the GPU; not again for
+    the offsets tensors last checked, unchanged, as a model's next layers pass them) unless
     ``check_lengths=False`` (what a serving engine that built them passes) or a CUDA graph
     is being captured, where they are trusted. ``config``: as for :func:`attention` (a
     Q-outer Triton variant; TMA access becomes plain pointers). The config and launch plan
@@ -492,8 +494,8 @@ def attention_varlen(
         # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
         # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on a persistent grid taking
         # tiles from a counter, since packed sequences' tiles differ in work (0.84-0.99x
-        # against 0.75-0.98x for the static grid, -varlen-plans.md); otherwise the Triton
-        # varlen kernel.
+        # against 0.75-0.98x for the static grid, -varlen-plans.md; still 0-5% ahead with the
+        # TMA epilogue, interleaved, -varlen-grids.md); otherwise the Triton varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
         dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
         chosen = None
@@ -556,10 +558,10 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None
                          "cannot do; leave it None (checks off while capturing)")
     if check_lengths is None:
         check_lengths = not capturing
-    if check_lengths:
-        for name, cu, total, longest in (("cu_seqlens_q", cu_q, q.shape[0], max_q),
-                                         ("cu_seqlens_k", cu_k, k.shape[0], max_k)):
-            offsets = cu.tolist()
+    if check_lengths and not _LAST_CHECKED.holds(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k):
+        both = torch.cat((cu_q, cu_k)).tolist()  # one copy back, one wait
+        for name, offsets, total, longest in (("cu_seqlens_q", both[:cu_q.numel()], q.shape[0], max_q),
+                                              ("cu_seqlens_k", both[cu_q.numel():], k.shape[0], max_k)):
             lengths = [b - a for a, b in zip(offsets, offsets[1:])]
             if offsets[0] != 0 or any(n < 0 for n in lengths) or offsets[-1] != total:
                 raise InputError(f"{name} must start at 0, never decrease and end at the {total} packed tokens, "
@@ -567,7 +569,37 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None
             if lengths and max(lengths) > longest:
                 raise InputError(f"a sequence has {max(lengths)} tokens, more than max_seqlen "
                                  f"{longest} ({name})")
+        _LAST_CHECKED.remember(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
     return cu_q.numel() - 1
+
+
+class _CheckedLengths:
+    """The offsets tensors the last length check passed, held weakly with their version
+    counters: a model's layers pass one step's cu_seqlens to every layer, so only the first
+    waits for the copy back. Any in-place change through torch bumps the version (checked
+    again); a new tensor, even at the same address, is a different object."""
+
+    def __init__(self) -> None:
+        self._refs: tuple = ()
+        self._rest: tuple = ()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _state(cu_q, cu_k, *rest) -> tuple:
+        return (cu_q._version, cu_k._version) + rest
+
+    def holds(self, cu_q, cu_k, *rest) -> bool:
+        with self._lock:
+            refs, state = self._refs, self._rest
+        return bool(refs) and refs[0]() is cu_q and refs[1]() is cu_k and state == self._state(cu_q, cu_k, *rest)
+
+    def remember(self, cu_q, cu_k, *rest) -> None:
+        with self._lock:
+            self._refs = (weakref.ref(cu_q), weakref.ref(cu_k))
+            self._rest = self._state(cu_q, cu_k, *rest)
+
+
+_LAST_CHECKED = _CheckedLengths()
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,

@@ -42,7 +42,7 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
                       "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
                       "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
-                      "exp2_emu": 0,
+                      "exp2_emu": 0, "half_step": False,
                       "dq_atomic": False,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
@@ -50,7 +50,8 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
-GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu")
+GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
+                "half_step")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
 GLUON_EXP2_EMU = (0, 4, 8, 16)
 
@@ -107,6 +108,10 @@ class KernelConfig:
     # emulation; at D=64 the MUFU unit's exp2 takes as long as the step's matrix products);
     # 0 keeps every exp2 on the MUFU unit.
     exp2_emu: int = 0
+    # Gluon forward, steps one after the other (overlap=false): a masked step whose second
+    # half of keys no row of the warpgroup sees (its diagonal tile when it holds the tile's
+    # first rows) computes S and the softmax over the first half only, P through shared memory.
+    half_step: bool = False
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
@@ -244,6 +249,8 @@ class KernelConfig:
             parts.append(f"sec{self.section}")
         if self.exp2_emu:
             parts.append(f"emu{self.exp2_emu}")
+        if self.half_step:
+            parts.append("half")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -328,7 +335,7 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
                           f"rows per consumer, got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
-    for name in ("overlap", "pingpong", "one_loop", "exp2_emu"):
+    for name in ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
 
@@ -376,7 +383,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
     _check_int("exp2_emu", cfg.exp2_emu, GLUON_EXP2_EMU, lo=0)
     _check_int("section", cfg.section, lo=0, hi=MAX_SECTION)
-    for name in ("overlap", "pingpong", "one_loop", "dynamic"):
+    for name in ("overlap", "pingpong", "one_loop", "dynamic", "half_step"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
     if cfg.language == "triton":
@@ -412,3 +419,6 @@ def _validate_language(cfg: KernelConfig) -> None:
         raise ConfigError("section", "L2 sections order the tiles of a persistent grid: it needs persistent=1")
     if cfg.pingpong and (cfg.consumers != 2 or not cfg.overlap):
         raise ConfigError("pingpong", "ping-pong needs consumers=2 and overlap=true")
+    if cfg.half_step and (cfg.overlap or cfg.BLOCK_N != 128):
+        raise ConfigError("half_step", "half steps run in the steps-in-turn schedule over 128-key tiles: they need "
+                          "overlap=false and BLOCK_N=128")

@@ -428,6 +428,8 @@ def _check_value(name: str, value: Any, where: str) -> None:
             probe["consumer_regs"] = 160
         if name in ("dynamic", "section"):
             probe["persistent"] = 1
+        if name == "half_step":
+            probe.update(overlap=False, BLOCK_N=128)
     try:
         KernelConfig.from_mapping(probe)
     except ConfigError as exc:

@@ -146,6 +146,9 @@ GLUON_SAMPLE = [
                           one_loop=True, exp2_emu=8)),
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=64, num_stages=4, persistent=1, causal_mode="masked")),
+    (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
+     KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False, one_loop=True,
+                  exp2_emu=16, section=16, half_step=True)),
 ]
 
 

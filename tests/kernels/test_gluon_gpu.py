@@ -25,6 +25,7 @@ KNOBS = {
     "2c-dynamic": dict(persistent=1, dynamic=True),
     "2c-plain-one-loop-dynamic": dict(overlap=False, one_loop=True, persistent=1, dynamic=True),
     "2c-plain-one-loop": dict(one_loop=True, overlap=False),
+    "2c-plain-half": dict(overlap=False, half_step=True),
     "2c-plain-one-loop-dynamic-emu8": dict(overlap=False, one_loop=True, persistent=1, dynamic=True, exp2_emu=8),
     "2c-emu4": dict(exp2_emu=4),
     "3c-n64-dynamic": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, dynamic=True),
@@ -58,6 +59,34 @@ def test_matrix(knob, shape, dtype):
     out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **KNOBS[knob]),
                          return_lse=True)
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+# Half diagonal steps (half_step, searched at D <= 64): the plain knob above also runs them at
+# D=80-128 causal; these are the D <= 64 kernels the tuner ships, over diagonals that fall on
+# either half of a 128-key tile, bottom-right alignment, empty rows and GQA / MQA.
+HALF_KNOBS = {
+    "plain-persistent": dict(overlap=False, half_step=True, persistent=1),
+    "one-loop-dynamic-emu16-sec16": dict(overlap=False, one_loop=True, persistent=1, dynamic=True, exp2_emu=16,
+                                         section=16, half_step=True),
+}
+HALF_SHAPES = {
+    "gqa-1000-d64": (2, 8, 2, 1000, 1000, 64, "top_left"),
+    "br-q300-k2000-d64": (1, 8, 8, 300, 2000, 64, "bottom_right"),
+    "br-q50-k21-d32-emptyrows": (2, 4, 4, 50, 21, 32, "bottom_right"),
+    "tl-q700-k190-d48-mqa": (1, 8, 1, 700, 190, 48, "top_left"),
+    "1536-d64": (4, 16, 16, 1536, 1536, 64, "top_left"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(HALF_SHAPES))
+@pytest.mark.parametrize("knob", list(HALF_KNOBS))
+def test_half_steps(knob, shape, dtype):
+    b, hq, hkv, nq, nk, d, align = HALF_SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out, lse = attention(q, k, v, causal=True, causal_align=align, config=dict(BASE, **HALF_KNOBS[knob]),
+                         return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=True, causal_align=align, lse=lse)
 
 
 @pytest.mark.parametrize("persistent", [0, 1])

@@ -137,6 +137,35 @@ def test_plans_are_kept_and_lengths_can_go_unchecked(monkeypatch):
     fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 4, 12, causal=True, check_lengths=False)
 
 
+def test_lengths_checked_once_per_offsets_tensor(monkeypatch):
+    """The same offsets tensors, unchanged (a model's next layer), are not read back again;
+    changed in place, or a new tensor with the same values, they are checked again, and a
+    bad value is still refused."""
+    from fa_autotune.runtime import api
+
+    q, k, v, cu_q, cu_k = packed([5, 12, 3], [9, 12, 7])
+    reads = []
+
+    class Counting(api._CheckedLengths):
+        def holds(self, *args):
+            held = super().holds(*args)
+            reads.extend([] if held else [1])
+            return held
+
+    monkeypatch.setattr(api, "_LAST_CHECKED", Counting())
+    for _ in range(3):
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12)
+    assert len(reads) == 1
+    fa_autotune.attention_varlen(q, k, v, cu_q.clone(), cu_k, 12, 12)  # another tensor: read again
+    assert len(reads) == 2
+    cu_q[1] = 13  # in place (its version moves): read again, and refused
+    with pytest.raises(InputError, match="more than max_seqlen 12"):
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12)
+    assert len(reads) == 3
+    with pytest.raises(InputError, match="more than max_seqlen 12"):  # a refused tensor is not remembered
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12)
+
+
 def test_bad_config_names_the_parameter():
     q, k, v, cu_q, cu_k = packed([5], [6])
     with pytest.raises(ConfigError) as info:
@@ -194,6 +223,24 @@ def test_gpu_gluon_varlen_kernel(config, causal, dtype, head_dim):
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                             return_softmax_lse=True, config=GLUON_VARLEN[config])
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU (Gluon kernels)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("one_loop, dynamic", [(False, False), (False, True), (True, True)],
+                         ids=["two-loops", "two-loops-dynamic", "one-loop-dynamic"])
+def test_gpu_gluon_varlen_half_steps(one_loop, dynamic, dtype):
+    """Half diagonal steps (D <= 64 causal) in the varlen kernel: each sequence's own diagonal,
+    on the grids attention_varlen dispatches a shipped half-step config to (dynamic) and not."""
+    config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, half_step=True,
+                  one_loop=one_loop, dynamic=dynamic)
+    lens_q, lens_k = [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=64, dtype=dtype, device="cuda")
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                            return_softmax_lse=True, config=config)
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, True)
 
 
 def test_flash_attn_call_forms_port_unchanged():

@@ -270,3 +270,23 @@ def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     assert not any(c.section for c in warm_starts(full, hopper, [(full, incumbent.with_(section=0))]))
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
     assert not any(c.section for c in warm_starts(causal, hopper, [(causal, triton)]))
+
+
+def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
+    """A D <= 64 causal Gluon winner without the overlap is measured with half diagonal steps
+    right after itself; an overlapped one, or one at D=128, is not."""
+    from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
+    from fa_autotune.spec.target import GpuInfo
+    from fa_autotune.tune.search import warm_starts
+
+    hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+    causal = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", causal=True)
+    incumbent = GLUON_DEFAULT.with_(overlap=False, one_loop=True, section=16)
+    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    defaults = defaults_for(causal, hopper)
+    assert starts[len(defaults):len(defaults) + 2] == [incumbent, incumbent.with_(half_step=True)]
+    overlapped = GLUON_DEFAULT.with_(section=16)
+    assert starts.count(incumbent.with_(half_step=True)) == 1
+    assert not any(c.half_step and c.section == 16 for c in warm_starts(causal, hopper, [(causal, overlapped)]))
+    d128 = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16", causal=True)
+    assert not any(c.half_step for c in warm_starts(d128, hopper, [(d128, incumbent)]))

@@ -1,0 +1,65 @@
+"""attention_varlen's Gluon kernel on each persistent grid, timed in interleaved rounds: the
+config attention_varlen dispatches, on the dynamic grid (tiles from a counter, what it runs)
+and the static one, beside the Gluon default on both; varlen_bench's three length mixes,
+causal and not (bf16, 32/8 heads, D 128, lengths unchecked). Each kernel's output is checked
+against float32 attention (per sequence) before it is timed; a row prints the median of
+three rounds' medians, in TFLOPS. One timing per grid in turn varied by 5-10% between
+neighbours (benchmarks/results/2026-12-02-h200-varlen-grids.md): hence the rounds.
+
+Usage: python3 benchmarks/varlen_grids.py
+"""
+import torch
+
+import fa_autotune
+from fa_autotune.runtime.dispatch import DISPATCHER
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.measure import time_callable
+from varlen_bench import GLUON
+from varlen_ragged import D, HKV, HQ, check_varlen
+
+
+def variants(lens, causal: bool) -> dict[str, dict]:
+    """The dispatched config of the dense problem attention_varlen looks up (when it is a
+    Gluon one) and the Gluon default, each on the dynamic and the static persistent grid."""
+    problem = Problem(len(lens), HQ, HKV, max(lens), max(lens), D, "bfloat16", causal, "bottom_right")
+    out = {}
+    dispatched = DISPATCHER.choose(problem, "cuda", torch.cuda.current_device()).config
+    for name, config in (("dispatched", dispatched), ("default", GLUON)):
+        if config.language == "gluon":
+            out[f"{name} dynamic"] = config.with_(persistent=1, dynamic=True).to_dict()
+            out[f"{name} static"] = config.with_(persistent=1, dynamic=False).to_dict()
+    return out
+
+
+def main() -> None:
+    gen = torch.Generator().manual_seed(0)
+    cases = {"16": torch.randint(256, 4097, (16,), generator=gen).tolist(),
+             "64": torch.randint(64, 2049, (64,), generator=gen).tolist(),
+             "4": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
+    for name, lens in cases.items():
+        for causal in (True, False):
+            total = sum(lens)
+            q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+            configs = variants(lens, causal)
+            flops = sum(4.0 * HQ * n * n * D for n in lens) / (2 if causal else 1)
+            times = {n: [] for n in configs}
+            for round_ in range(3):
+                for label, config in configs.items():
+                    def run(config=config):
+                        return fa_autotune.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
+                                                            check_lengths=False, config=config)
+
+                    if round_ == 0:
+                        check_varlen(run(), q, k, v, lens, causal)
+                    times[label].append(time_callable(run).median_ms)
+            first = KernelConfig.from_mapping(next(iter(configs.values()))).name
+            print(f"{name} seqs causal={causal} [{first}]: "
+                  + "; ".join(f"{label} {flops / sorted(t)[1] / 1e9:.0f}" for label, t in times.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
