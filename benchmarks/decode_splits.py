@@ -4,7 +4,9 @@ attention first, then timed in interleaved rounds with cuDNN.
 
 A row's (batch x KV heads) programs rarely fill 132 SMs evenly (16 x 8 = 128 leaves 4 idle at
 one split); split counts that make the programs a multiple of the SM count (33, 66) balance
-them at the price of a bigger combine.
+them at the price of a bigger combine. Balanced splits (`persistent` 1, 2, 4: that many
+programs per SM share all row tiles' key steps evenly, stream-K; names end in `_sk<n>`)
+balance them with a combine of only the row tiles a run boundary cuts.
 
 Usage: python3 benchmarks/decode_splits.py --out DIR [--rows 16x16384,8x32768] [--rounds 3]
 Writes DIR/decode_splits.json and .md.
@@ -31,6 +33,12 @@ from fa_autotune.tune.measure import time_callable  # noqa: E402
 
 SPLITS = (1, 2, 3, 4, 6, 8, 16, 33, 66)
 TILES = ((64, 2), (64, 4), (128, 3))  # (BLOCK_N, stages)
+BALANCED = (1, 2, 4)  # programs per SM of the balanced (persistent) grid
+
+
+def label(name: str) -> str:
+    """A config name without its family prefix and causal mode: m16n64_w4s4_x8, ..._sk1."""
+    return name.replace("attn_decode_", "").replace("_cband", "")
 
 
 def main() -> None:
@@ -48,11 +56,12 @@ def main() -> None:
         cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc)
         ref = sdpa(SDPBackend.MATH, q.float(), kc.float(), vc.float())().transpose(1, 2)  # float32
         calls, status = {"cudnn": cudnn}, {}
-        for (bn, stages), splits in ((t, s) for t in TILES for s in SPLITS):
+        grid = [(t, s, 0) for t in TILES for s in SPLITS] + [(t, 1, p) for t in TILES for p in BALANCED]
+        for (bn, stages), splits, persistent in grid:
             if splits * bn > n:
                 continue
             cfg = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=bn, num_warps=4, num_stages=stages,
-                               num_splits=splits)
+                               num_splits=splits, persistent=persistent)
             out = torch.empty_like(q)
             try:
                 fn = plan_call(cfg, q, kc, vc, lens, None, out)
@@ -75,8 +84,8 @@ def main() -> None:
                "best_vs_cudnn": ms["cudnn"] / ms[best]}
         results.append(row)
         print(f"{batch}x{n}: cudnn {ms['cudnn'] * 1e3:.1f} us, best {best} {ms[best] * 1e3:.1f} us "
-              f"({row['best_vs_cudnn']:.3f}x); " + ", ".join(f"{k.split('_cband_')[0][12:]}x{k.split('_x')[-1]} "
-                                                               f"{v * 1e3:.1f}" for k, v in sorted(ms.items(), key=lambda kv: kv[1])[:8]),
+              f"({row['best_vs_cudnn']:.3f}x); " + ", ".join(f"{label(k)} {v * 1e3:.1f}"
+                                                               for k, v in sorted(ms.items(), key=lambda kv: kv[1])[:8]),
               flush=True)
         del q, kc, vc
         torch.cuda.empty_cache()

@@ -43,6 +43,8 @@ _GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.f
 _NO_SCALES = (None, None, None)
 _DECODE = ("Q", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "Out", "Lse", "OPart", "LsePart")
 _DECODE_COMBINE = ("OPart", "LsePart", "Out", "Lse")
+_DECODE_UNITS = ("CacheSeqlens", "SEQLEN", "PairStart")  # a persistent (balanced) decode grid: the main kernel
+# and the combine take PairStart after _DECODE's and _DECODE_COMBINE's tensors
 _APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN")
 
 # The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
@@ -325,9 +327,11 @@ class DecodePlan:
     heads_q, D), a contiguous (batch, seqlen, heads_kv, D) or paged (pages, page_size,
     heads_kv, D) cache, and, when appending, new k/v (batch, n_new, heads_kv, D). Called with
     the tensors of one step (and ``seqlen``, the cache length when ``cache_seqlens`` is None):
-    appends, attends, combines. Nothing is read back to the host."""
+    appends, attends, combines. Nothing is read back to the host. A persistent config (a
+    balanced split) first counts every row tile's key steps on the device (``units``), then
+    runs ``persistent`` programs per SM over them."""
 
-    __slots__ = ("append", "main", "combine", "parts", "tile_rows", "head_dim_pad")
+    __slots__ = ("append", "units", "main", "combine", "parts", "tile_rows", "head_dim_pad", "pairs")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: torch.Tensor | None, v_new: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
@@ -355,16 +359,26 @@ class DecodePlan:
         if config.maxnreg:
             options["maxnreg"] = config.maxnreg
         tiles = triton.cdiv(n_q * group, tile_m) * batch * heads_kv
-        self.main = Launch(module.KERNELS["main"], (tiles, config.num_splits), _DECODE, scalars, flags, options)
-        self.combine = None
-        if config.num_splits > 1:
-            self.combine = Launch(module.KERNELS["combine"], (tiles, tile_m), _DECODE_COMBINE, scalars, flags,
-                                  {"num_warps": 4})
+        self.units = self.combine = None
+        self.pairs = tiles
+        if config.persistent:
+            programs = _sm_count(q.device) * config.persistent
+            scalars.update(PAIRS=tiles, PROGRAMS=programs)
+            self.units = Launch(module.KERNELS["units"], (1,), _DECODE_UNITS, scalars, flags, {"num_warps": 4})
+            self.main = Launch(module.KERNELS["main"], (programs,), _DECODE + ("PairStart",), scalars, flags, options)
+            self.combine = Launch(module.KERNELS["combine"], (tiles,), _DECODE_COMBINE + ("PairStart",),
+                                  scalars, flags, {"num_warps": 4})
+            self.parts = 2 * programs * tile_m  # two scratch slots per program
+        else:
+            self.main = Launch(module.KERNELS["main"], (tiles, config.num_splits), _DECODE, scalars, flags, options)
+            if config.num_splits > 1:
+                self.combine = Launch(module.KERNELS["combine"], (tiles, tile_m), _DECODE_COMBINE, scalars, flags,
+                                      {"num_warps": 4})
+            self.parts = tiles * config.num_splits * tile_m
         self.append = None
         if n_new:
             self.append = Launch(module.KERNELS["append"], (triton.cdiv(n_new, config.BLOCK_N), batch * heads_kv),
                                  _APPEND, scalars, flags, {"num_warps": 4})
-        self.parts = tiles * config.num_splits * tile_m
         self.tile_rows, self.head_dim_pad = tile_m, head_dim_pad
 
     def calls(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out,
@@ -377,9 +391,15 @@ class DecodePlan:
         if self.combine is not None:
             o_part = torch.empty((self.parts, self.head_dim_pad), device=q.device, dtype=torch.float32)
             lse_part = torch.empty((self.parts,), device=q.device, dtype=torch.float32)
-        calls.append((self.main, (q, k_cache, v_cache, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)))
+        main = (q, k_cache, v_cache, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)
+        combine = (o_part, lse_part, out, lse)
+        if self.units is not None:
+            pair_start = torch.empty((self.pairs + 1,), device=q.device, dtype=torch.int32)
+            calls.append((self.units, (cache_seqlens, seqlen, pair_start)))
+            main, combine = main + (pair_start,), combine + (pair_start,)
+        calls.append((self.main, main))
         if self.combine is not None:
-            calls.append((self.combine, (o_part, lse_part, out, lse)))
+            calls.append((self.combine, combine))
         return calls
 
     def __call__(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out, lse,

@@ -63,8 +63,9 @@ def attention_with_kvcache(
     an int or an int32 (batch,) tensor of cached lengths (None: the whole cache).
     ``k``/``v`` (batch, seqlen_new, heads_kv, D) are written into the cache at
     ``cache_seqlens`` first, in place, and attended too. ``causal`` aligns the diagonal
-    bottom-right per sequence. ``num_splits``: 0 takes the tuned choice, n > 0 splits each
-    sequence's keys over n programs. Returns out (batch, seqlen_q, heads_q, D), and with
+    bottom-right per sequence. ``num_splits``: 0 takes the tuned choice (a fixed split, or
+    a balanced one sharing all sequences' keys over the SMs), n > 0 splits each sequence's
+    keys over n programs. Returns out (batch, seqlen_q, heads_q, D), and with
     ``return_softmax_lse`` also the natural-log LSE (batch, heads_q, seqlen_q), fp32.
 
     Extra (keyword-only): ``config`` runs that kernel variant (a mapping, a KernelConfig, or
@@ -268,8 +269,8 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
             chosen = decode_default(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
     if chosen.loop_order != "decode":
         raise ConfigError("loop_order", f"attention_with_kvcache runs loop_order='decode' configs, got {chosen.name}")
-    if num_splits:
-        chosen = chosen.with_(num_splits=int(num_splits))
+    if num_splits:  # n programs per sequence, as asked: not a balanced (persistent) grid
+        chosen = chosen.with_(num_splits=int(num_splits), persistent=0)
     return chosen
 
 

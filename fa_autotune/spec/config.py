@@ -221,7 +221,8 @@ class KernelConfig:
 
     def _decode_name(self) -> str:
         parts = [f"attn_decode_m{self.BLOCK_M}n{self.BLOCK_N}", f"w{self.num_warps}s{self.num_stages}",
-                 "cband" if self.causal_mode == "split" else "cmask", f"x{self.num_splits}"]
+                 "cband" if self.causal_mode == "split" else "cmask",
+                 f"sk{self.persistent}" if self.persistent else f"x{self.num_splits}"]
         if self.maxnreg:
             parts.append(f"r{self.maxnreg}")
         return "_".join(parts)
@@ -324,6 +325,9 @@ def _validate_decode(cfg: KernelConfig) -> None:
         raise ConfigError("language", f"loop_order={cfg.loop_order!r} is a Triton kernel; use language='triton'")
     if cfg.loop_order == "backward" and cfg.num_splits != 1:
         raise ConfigError("num_splits", "loop_order='backward' does not split K/V; use 1")
+    if cfg.loop_order == "decode" and cfg.persistent and cfg.num_splits != 1:
+        raise ConfigError("num_splits", "a persistent decode grid splits the keys itself (balanced over all "
+                          "programs); use num_splits=1 with persistent")
 
 
 def _validate_gluon_backward(cfg: KernelConfig) -> None:
@@ -356,7 +360,8 @@ def _validate_structure(cfg: KernelConfig) -> None:
         raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")
     gluon_backward = cfg.loop_order == "backward" and cfg.language == "gluon"  # a persistent grid too
     if cfg.loop_order != "q_outer":
-        for name in ("rescale_threshold", "exp2_poly", "tile_order") + (() if gluon_backward else ("persistent",)):
+        own_grid = gluon_backward or cfg.loop_order == "decode"  # persistent: their own persistent grids
+        for name in ("rescale_threshold", "exp2_poly", "tile_order") + (() if own_grid else ("persistent",)):
             if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
                 raise ConfigError(name, f"only loop_order='q_outer' supports it; use {STRUCTURE_DEFAULTS[name]!r}")
 

@@ -257,20 +257,28 @@ DECODE_CASES = [
     (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", kind="decode", page_size=128),
      dict(BLOCK_M=32, num_splits=1, causal_mode="masked", num_stages=3)),
     (Problem(2, 8, 8, 1, 1000, 80, "float16", kind="decode"), dict(BLOCK_N=32, num_splits=3, num_stages=5)),
+    # balanced splits (persistent): the units scan, the stream-K main kernel, the combine
+    (Problem(16, 32, 8, 1, 16384, 128, "bfloat16", kind="decode"), dict(BLOCK_N=128, num_stages=3, persistent=1)),
+    (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", kind="decode", page_size=16),
+     dict(BLOCK_M=32, num_stages=2, persistent=4)),
 ]
 
 
 @pytest.mark.parametrize("problem, changes", DECODE_CASES, ids=lambda v: getattr(v, "key", ""))
 def test_decode_variants_compile_for_hopper(problem, changes):
-    """KV-cache kernels (attend, combine when split, append) compile for sm_90 with their
-    K/V tiles loaded asynchronously (cp.async), paged or not, and fit in shared memory."""
+    """KV-cache kernels (attend, combine when split, append; the units scan when balanced)
+    compile for sm_90 with their K/V tiles loaded asynchronously (cp.async) and no spills,
+    paged or not, and fit in shared memory."""
     from fa_autotune.kernels.aot import decode_example
 
     config = KernelConfig(loop_order="decode", BLOCK_M=changes.pop("BLOCK_M", 16), **changes)
     (result,) = compile_many([config], problem, jobs=1)
     assert result.status == "ok", result.error
     names = {k.kernel for k in result.kernels}
-    assert config.name in names and (f"{config.name}_combine" in names) == (config.num_splits > 1)
+    assert config.name in names and (f"{config.name}_combine" in names) == (config.num_splits > 1 or config.persistent > 0)
+    assert (f"{config.name}_units" in names) == bool(config.persistent)
+    main = next(k for k in result.kernels if k.kernel == config.name)  # balanced or not: pipelined, no spills
+    assert dict(main.instructions)["cp.async.cg.shared.global"] > 0 and main.stack_bytes in (0, None)
     assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     launches = [launch.kernel.__name__ for launch, _ in decode_example(config, problem, "meta", append=True).arguments()]
     assert launches[0] == f"{config.name}_append" and config.name in launches

@@ -61,6 +61,9 @@ CASES = {  # (page size, config changes)
     "paged16-block32": (16, {"BLOCK_N": 32, "num_splits": 2}),  # a K/V step spans two pages
     "paged32-block16": (32, {"causal_mode": "masked"}),  # two steps per page
     "paged16-split4-rows32": (16, {"BLOCK_M": 32, "num_splits": 4}),
+    # balanced splits: row tiles cut where the runs of 2 (4) programs per "SM" end
+    "contiguous-balanced": (0, {"persistent": 1}),
+    "paged16-balanced-rows32": (16, {"BLOCK_M": 32, "persistent": 2}),
 }
 
 
@@ -105,6 +108,31 @@ def test_dtypes_head_dims_mqa_scale_and_num_splits(dtype, head_dim, device):
     out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
                                              softmax_scale=0.3, causal=True, num_splits=5, config=DECODE)
     check(out, None, q, k_cache, v_cache, table, [33, 64], True, scale=0.3)
+
+
+@pytest.mark.parametrize("programs", [3, 7, 64])
+def test_balanced_split_cuts_row_tiles_anywhere(monkeypatch, programs, device):
+    """A balanced (persistent) grid of 3, 7 and 64 programs over row tiles of 0 to 7 key
+    steps, several row tiles per sequence (6 tokens x group 4 = 24 rows, 16-row tiles),
+    causal: runs that start and end inside a row tile, one tile shared by several runs,
+    programs with nothing to do (64 > the steps), tiles without keys (zeros and -inf LSE);
+    then num_splits=2 asked explicitly over the same persistent config (a fixed split)."""
+    from fa_autotune.kernels import launcher
+    from fa_autotune.runtime import kvcache
+
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: programs)
+    monkeypatch.setattr(kvcache, "_PLANS", {})
+    lengths = [100, 0, 7, 61, 2]
+    k_cache, v_cache, table = make_cache(len(lengths), 112, 2, 32, page=16, device=device)
+    q = torch.randn(len(lengths), 6, 8, 32, dtype=torch.float16, device=device)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    for extra in ({}, {"num_splits": 2}):
+        out, lse = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table,
+                                                      causal=True, return_softmax_lse=True,
+                                                      config={**DECODE, "persistent": 1}, **extra)
+        assert torch.isfinite(out).all()
+        check(out, lse, q, k_cache, v_cache, table, lengths, True)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == float("-inf")).all())
 
 
 def test_many_query_rows_take_several_tiles(device):
@@ -185,27 +213,37 @@ def test_decode_config_validation():
         fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=256)
     cfg = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=8)
     assert cfg.name == "attn_decode_m16n64_w4s3_cband_x8"
+    balanced = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, persistent=2)
+    assert balanced.name == "attn_decode_m16n64_w4s3_cband_sk2"
+    with pytest.raises(ConfigError, match="num_splits=1 with persistent"):
+        fa_autotune.KernelConfig(loop_order="decode", persistent=1, num_splits=4)
+    with pytest.raises(ConfigError, match="persistent"):
+        fa_autotune.KernelConfig(loop_order="decode", persistent=8)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("page", [0, 16, 128])
-def test_gpu_cuda_graph_replays_with_changing_lengths(page):
+@pytest.mark.parametrize("balanced", [False, True], ids=["dispatched", "balanced"])
+def test_gpu_cuda_graph_replays_with_changing_lengths(page, balanced):
     """Captured once, replayed after the lengths (and the appended tokens) change: the graph
-    reads them on the device. bf16, a realistic GQA shape, the dispatched config."""
+    reads them on the device (the balanced grid's units scan too: its run boundaries move
+    with the lengths). bf16, a realistic GQA shape, the dispatched config or a balanced one."""
+    config = dict(loop_order="decode", BLOCK_M=16, BLOCK_N=64, num_stages=2, persistent=2) if balanced else None
     batch, capacity = 4, 4096
     k_cache, v_cache, table = make_cache(batch, capacity, 8, 128, page=page, dtype=torch.bfloat16, device="cuda")
     q = torch.randn(batch, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
     k_new = torch.randn(batch, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     v_new = torch.randn_like(k_new)
     seqlens = torch.tensor([100, 4000, 1, 2047], dtype=torch.int32, device="cuda")
-    fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table)
+    fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table,
+                                       config=config)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
-                                                 block_table=table)
+                                                 block_table=table, config=config)
     for lengths in ([7, 3000, 0, 4094], [4094, 1, 512, 64]):
         seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
         k_new.normal_()

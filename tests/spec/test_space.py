@@ -209,6 +209,7 @@ def test_decode_space_and_presets():
             grid = resolved.grid(problem)
             assert grid and all(c.loop_order == "decode" for c in grid)
             assert all(c.num_splits * c.BLOCK_N <= problem.seqlen_k for c in grid)
+            assert any(c.persistent for c in grid) and all(c.num_splits == 1 for c in grid if c.persistent)
 
 
 def test_page_size_only_in_decode_spaces():
