@@ -362,6 +362,10 @@ class DecodePlan:
         self.units = self.combine = None
         self.pairs = tiles
         if config.persistent:
+            capacity = (block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]) + n_new
+            if tiles * triton.cdiv(capacity, config.BLOCK_N) >= 2 ** 31:  # the units scan counts in int32
+                raise ConfigError("persistent", f"a balanced split counts its {tiles} row tiles' key steps in "
+                                  f"32 bits; {capacity} cached rows each are too many: use num_splits instead")
             programs = _sm_count(q.device) * config.persistent
             scalars.update(PAIRS=tiles, PROGRAMS=programs)
             self.units = Launch(module.KERNELS["units"], (1,), _DECODE_UNITS, scalars, flags, {"num_warps": 4})

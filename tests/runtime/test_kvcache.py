@@ -135,6 +135,19 @@ def test_balanced_split_cuts_row_tiles_anywhere(monkeypatch, programs, device):
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == float("-inf")).all())
 
 
+def test_balanced_split_refuses_what_its_int32_step_count_cannot_hold():
+    """32768 row tiles x 2**16 steps of 32 keys: the units scan would wrap; the plan says so."""
+    from fa_autotune.kernels.launcher import DecodePlan
+
+    config = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=32, persistent=1)
+    q = torch.empty(256, 1, 128, 16, device="meta", dtype=torch.float16)
+    cache = torch.empty(256, 1 << 21, 128, 16, device="meta", dtype=torch.float16)
+    with pytest.raises(ConfigError, match="32 bits"):
+        DecodePlan(config, q, cache, cache, None, None, torch.empty_like(q), None, None, 0.1, False)
+    DecodePlan(config.with_(persistent=0, num_splits=4), q, cache, cache, None, None, torch.empty_like(q), None, None,
+               0.1, False)
+
+
 def test_many_query_rows_take_several_tiles(device):
     """Chunked prefill: 9 tokens x group 4 = 36 rows, more than one 16-row tile."""
     k_cache, v_cache, _ = make_cache(1, 40, 2, 32, device=device)
