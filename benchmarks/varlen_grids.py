@@ -1,6 +1,7 @@
 """attention_varlen's Gluon kernel on each persistent grid, timed in interleaved rounds: the
 config attention_varlen dispatches, on the dynamic grid (tiles from a counter, what it runs)
-and the static one, beside the Gluon default on both; varlen_bench's three length mixes,
+and the static one, beside the Gluon default on both (causal: also the dispatched config in
+L2 sections of 8 heads, what dense dynamic grids use); varlen_bench's three length mixes,
 causal and not (bf16, 32/8 heads, D 128, lengths unchecked). Each kernel's output is checked
 against float32 attention (per sequence) before it is timed; a row prints the median of
 three rounds' medians, in TFLOPS. One timing per grid in turn varied by 5-10% between
@@ -29,6 +30,10 @@ def variants(lens, causal: bool) -> dict[str, dict]:
         if config.language == "gluon":
             out[f"{name} dynamic"] = config.with_(persistent=1, dynamic=True).to_dict()
             out[f"{name} static"] = config.with_(persistent=1, dynamic=False).to_dict()
+    if causal and dispatched.language == "gluon" and not dispatched.section:
+        # the varlen launcher sizes causal sections by the L2 rule even on a dynamic grid, where
+        # dense grids use DYNAMIC_SECTION (8 heads): the same config in sections of 8
+        out["dispatched dynamic sec8"] = dispatched.with_(persistent=1, dynamic=True, section=8).to_dict()
     return out
 
 
