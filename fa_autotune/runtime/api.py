@@ -577,7 +577,8 @@ class _CheckedLengths:
     """The offsets tensors the last length check passed, held weakly with their version
     counters: a model's layers pass one step's cu_seqlens to every layer, so only the first
     waits for the copy back. Any in-place change through torch bumps the version (checked
-    again); a new tensor, even at the same address, is a different object."""
+    again); a new tensor, even at the same address, is a different object. Inference tensors
+    (torch.inference_mode) keep no version counter: they are checked every call."""
 
     def __init__(self) -> None:
         self._refs: tuple = ()
@@ -589,11 +590,15 @@ class _CheckedLengths:
         return (cu_q._version, cu_k._version) + rest
 
     def holds(self, cu_q, cu_k, *rest) -> bool:
+        if cu_q.is_inference() or cu_k.is_inference():
+            return False
         with self._lock:
             refs, state = self._refs, self._rest
         return bool(refs) and refs[0]() is cu_q and refs[1]() is cu_k and state == self._state(cu_q, cu_k, *rest)
 
     def remember(self, cu_q, cu_k, *rest) -> None:
+        if cu_q.is_inference() or cu_k.is_inference():
+            return
         with self._lock:
             self._refs = (weakref.ref(cu_q), weakref.ref(cu_k))
             self._rest = self._state(cu_q, cu_k, *rest)

@@ -164,6 +164,15 @@ def test_lengths_checked_once_per_offsets_tensor(monkeypatch):
     assert len(reads) == 3
     with pytest.raises(InputError, match="more than max_seqlen 12"):  # a refused tensor is not remembered
         fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12)
+    with torch.inference_mode():  # inference tensors keep no version counter: checked every call
+        inference_q, inference_k = cu_q.clone(), cu_k.clone()
+        inference_q[1] = 5
+        for _ in range(2):
+            fa_autotune.attention_varlen(q, k, v, inference_q, inference_k, 12, 12)
+        inference_q[1] = 13
+        with pytest.raises(InputError, match="more than max_seqlen 12"):
+            fa_autotune.attention_varlen(q, k, v, inference_q, inference_k, 12, 12)
+    assert len(reads) == 7  # 4 before the block, then one read-back per inference-mode call
 
 
 def test_bad_config_names_the_parameter():
