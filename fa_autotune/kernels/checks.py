@@ -135,6 +135,11 @@ def _tma_views(problem: Problem, q, k, v) -> tuple:
     return (q, k, v.transpose(2, 3)) if problem.is_fp8 else (q, k, v)
 
 
+def check_tma_output(out: torch.Tensor) -> None:
+    """An output a kernel stores through TMA (B, H, N, D): the same layout rules as its inputs."""
+    _check_tma_layout("the output", out)
+
+
 def tma_compatible(problem: Problem, q, k, v) -> bool:
     """Whether q, k, v meet TMA's layout rules (so a dispatched TMA config can run them)."""
     try:

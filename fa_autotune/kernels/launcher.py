@@ -688,7 +688,8 @@ class VarlenPlan:
 def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out, lse,
                   head_dim_pad: int) -> tuple[Launch, Callable[..., tuple]]:
     """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
-    packed row, dim) views of the packed tensors (no copy), O through a masked store. Its
+    packed row, dim) views of the packed tensors (no copy), O through one too (a sequence's
+    ragged last rows through a masked store). Its
     grid covers each sequence's own tiles (from the TileStart table the plan writes first,
     see kernels/tiles.py); the host knows only a bound on their number (every sequence at
     most one ragged tile, none longer than max_q), so programs past the real count exit."""

@@ -20,8 +20,8 @@ import torch
 
 from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
-from ..kernels.checks import (check_config, check_fp8_scales, check_gluon_backward, check_offsets, per_block,
-                              tma_compatible)
+from ..kernels.checks import (check_config, check_fp8_scales, check_gluon_backward, check_offsets, check_tma_output,
+                              per_block, tma_compatible)
 from ..kernels.launcher import (BackwardPlan, Prepared, allocate_outputs, check_interpretable,
                                 explain_launch_failure, prepare, resolve_scale, run, run_varlen, varlen_config)
 from ..spec.config import DQ_FIELDS, KernelConfig
@@ -444,10 +444,12 @@ def attention_varlen(
     ``causal=True`` aligns the diagonal bottom-right per sequence (the last query sees every
     key), as flash-attn does. Returns the output (total_q, heads_q, D) and, with
     ``return_softmax_lse=True``, also the natural-log LSE (heads_q, total_q), fp32. The
-    lengths are checked on the host (one small copy, which waits for the GPU; not again for
-    the offsets tensors last checked, unchanged, as a model's next layers pass them) unless
+    lengths are checked on the host (one small copy, which waits for the GPU) unless
     ``check_lengths=False`` (what a serving engine that built them passes) or a CUDA graph
-    is being captured, where they are trusted. ``config``: as for :func:`attention` (a
+    is being captured, where they are trusted. By default (None) the offsets tensors last
+    checked are not read again while torch has not changed them (a model's later layers
+    pass the same ones); writes torch does not see (``.data``, numpy, a custom kernel) need
+    ``check_lengths=True``, which always reads back. ``config``: as for :func:`attention` (a
     Q-outer Triton variant; TMA access becomes plain pointers). The config and launch plan
     of each layout, batch size and longest sequence are kept for the next call.
 
@@ -489,6 +491,8 @@ def attention_varlen(
     problem = Problem(batch, dense.heads_q, dense.heads_kv, max_seqlen_q, max_seqlen_k, dense.head_dim, dense.dtype,
                       causal, "bottom_right")
     sm_scale = resolve_scale(softmax_scale, problem.head_dim)
+    out = torch.empty_like(q)  # a Gluon kernel stores its full tiles through TMA: views checked with q, k, v
+    views += (out.unsqueeze(0).transpose(1, 2),)
     if config is None:
         # The dispatched config: a Gluon one runs its own varlen kernel where it can read these
         # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
@@ -502,7 +506,8 @@ def attention_varlen(
         if dispatched.language == "gluon":
             try:
                 candidate = dispatched.with_(persistent=1, dynamic=True)
-                check_config(candidate, dense, *views)
+                check_config(candidate, dense, *views[:3])
+                check_tma_output(views[3])
                 chosen = candidate
             except ConfigError:
                 pass
@@ -511,10 +516,10 @@ def attention_varlen(
     else:
         chosen = varlen_config(KernelConfig.from_mapping(config), gluon=True)
         if chosen.language == "gluon":  # Hopper, fp16/bf16, TMA-readable (1, heads, tokens, D) views
-            check_config(chosen, dense, *views)
+            check_config(chosen, dense, *views[:3])
+            check_tma_output(views[3])
     for name, t, rows in (("q", q, max_seqlen_q), ("k", k, max_seqlen_k), ("v", v, max_seqlen_k)):
         check_offsets(name, rows, t.shape[2], t.stride(0), t.stride(2), chosen.access)
-    out = torch.empty_like(q)
     lse = torch.empty((q.shape[1], q.shape[0]), device=q.device, dtype=torch.float32) if want_lse else None
     if k.shape[0] == 0:  # no keys anywhere: zeros, as for attention()
         out.zero_()
@@ -556,9 +561,11 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None
     if check_lengths and capturing:
         raise InputError("check_lengths=True reads the lengths back to the host, which a CUDA graph capture "
                          "cannot do; leave it None (checks off while capturing)")
+    remembered = check_lengths is None  # an explicit check_lengths=True always reads back
     if check_lengths is None:
         check_lengths = not capturing
-    if check_lengths and not _LAST_CHECKED.holds(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k):
+    state = _LAST_CHECKED.state(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)  # before the read-back
+    if check_lengths and not (remembered and _LAST_CHECKED.holds(cu_q, cu_k, state)):
         both = torch.cat((cu_q, cu_k)).tolist()  # one copy back, one wait
         for name, offsets, total, longest in (("cu_seqlens_q", both[:cu_q.numel()], q.shape[0], max_q),
                                               ("cu_seqlens_k", both[cu_q.numel():], k.shape[0], max_k)):
@@ -569,39 +576,40 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None
             if lengths and max(lengths) > longest:
                 raise InputError(f"a sequence has {max(lengths)} tokens, more than max_seqlen "
                                  f"{longest} ({name})")
-        _LAST_CHECKED.remember(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        _LAST_CHECKED.remember(cu_q, cu_k, state)
     return cu_q.numel() - 1
 
 
 class _CheckedLengths:
     """The offsets tensors the last length check passed, held weakly with their version
-    counters: a model's layers pass one step's cu_seqlens to every layer, so only the first
-    waits for the copy back. Any in-place change through torch bumps the version (checked
-    again); a new tensor, even at the same address, is a different object. Inference tensors
-    (torch.inference_mode) keep no version counter: they are checked every call."""
+    counters as they were before the read-back: a model's layers pass one step's cu_seqlens
+    to every layer, so only the first waits for the copy back. Any change through torch's
+    operations bumps the version (checked again); a new tensor, even at the same address,
+    is a different object. Writes torch does not see (through ``.data``, a numpy array
+    sharing the memory, a custom kernel) are not noticed: attention_varlen's docstring says
+    to pass check_lengths=True there. Inference tensors (torch.inference_mode) keep no
+    version counter: they are checked every call."""
 
     def __init__(self) -> None:
         self._refs: tuple = ()
-        self._rest: tuple = ()
+        self._state: tuple | None = None
         self._lock = threading.Lock()
 
     @staticmethod
-    def _state(cu_q, cu_k, *rest) -> tuple:
+    def state(cu_q, cu_k, *rest) -> tuple | None:
+        if cu_q.is_inference() or cu_k.is_inference():
+            return None
         return (cu_q._version, cu_k._version) + rest
 
-    def holds(self, cu_q, cu_k, *rest) -> bool:
-        if cu_q.is_inference() or cu_k.is_inference():
-            return False
+    def holds(self, cu_q, cu_k, state: tuple | None) -> bool:
         with self._lock:
-            refs, state = self._refs, self._rest
-        return bool(refs) and refs[0]() is cu_q and refs[1]() is cu_k and state == self._state(cu_q, cu_k, *rest)
+            refs, remembered = self._refs, self._state
+        return state is not None and bool(refs) and refs[0]() is cu_q and refs[1]() is cu_k and remembered == state
 
-    def remember(self, cu_q, cu_k, *rest) -> None:
-        if cu_q.is_inference() or cu_k.is_inference():
-            return
-        with self._lock:
-            self._refs = (weakref.ref(cu_q), weakref.ref(cu_k))
-            self._rest = self._state(cu_q, cu_k, *rest)
+    def remember(self, cu_q, cu_k, state: tuple | None) -> None:
+        if state is not None:
+            with self._lock:
+                self._refs, self._state = (weakref.ref(cu_q), weakref.ref(cu_k)), state
 
 
 _LAST_CHECKED = _CheckedLengths()

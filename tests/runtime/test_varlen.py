@@ -175,6 +175,21 @@ def test_lengths_checked_once_per_offsets_tensor(monkeypatch):
     assert len(reads) == 7  # 4 before the block, then one read-back per inference-mode call
 
 
+def test_explicit_check_reads_back_what_torch_did_not_see():
+    """Offsets changed behind torch's back (a numpy array sharing the memory) keep their
+    version: the default check, which remembered them, cannot tell; check_lengths=True
+    always reads them back and refuses the bad length."""
+    import numpy as np
+
+    q, k, v, _, cu_k = packed([5, 12, 3], [9, 12, 7])
+    memory = np.array([0, 5, 17, 20], dtype=np.int32)
+    cu_q = torch.from_numpy(memory)
+    fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12)
+    memory[1] = 2  # sequence 1 now 15 long, past max_seqlen_q
+    with pytest.raises(InputError, match="more than max_seqlen 12"):
+        fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12, check_lengths=True)
+
+
 def test_bad_config_names_the_parameter():
     q, k, v, cu_q, cu_k = packed([5], [6])
     with pytest.raises(ConfigError) as info:
@@ -250,6 +265,23 @@ def test_gpu_gluon_varlen_half_steps(one_loop, dynamic, dtype):
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                             return_softmax_lse=True, config=config)
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU (Gluon kernels)")
+def test_gpu_output_layout_tma_cannot_store_falls_back():
+    """q, k, v sliced from padded buffers (D=100 in rows of 104: TMA reads them): the output,
+    allocated dense, has 200-byte rows, which TMA cannot store: the dispatched Gluon config
+    gives way to the Triton varlen kernel, and a named one is refused by name."""
+    lens = [300, 129, 64]
+    *padded, cu, _ = packed(lens, lens, heads_q=8, heads_kv=2, head_dim=104, dtype=torch.bfloat16, device="cuda")
+    q, k, v = (t[..., :100] for t in padded)
+    out = fa_autotune.attention_varlen(q, k, v, cu, cu, 300, 300, causal=True)
+    check_each_sequence(out, None, q, k, v, cu, cu, True)
+    with pytest.raises(ConfigError, match="output's head stride"):
+        fa_autotune.attention_varlen(q, k, v, cu, cu, 300, 300, causal=True, config=dict(GLUON, BLOCK_N=128,
+                                                                                           num_stages=2))
 
 
 def test_flash_attn_call_forms_port_unchanged():
