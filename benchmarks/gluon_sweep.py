@@ -28,6 +28,9 @@ from fa_autotune.tune.measure import time_callable  # noqa: E402
 from fa_autotune.tune.reference import compare, reference_attention  # noqa: E402
 
 G = dict(language="gluon", access="tensor_desc", num_warps=4)
+# The shipped D=64 causal structures the own-range and half-step sets measure against.
+D64_PLAIN = dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, one_loop=True)
+D64_DYN = dict(D64_PLAIN, dynamic=True, section=16, exp2_emu=16)
 VARIANT_SETS = {
     # 2026-12-01-h200-gluon-sweep.md: the schedule knobs
     "schedule": {
@@ -109,10 +112,8 @@ VARIANT_SETS = {
     # the diagonal that 128-key steps under 128-row tiles cannot; the shipped D=64 causal
     # kernels first
     "own_range": {
-        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                 one_loop=True),
-        "n128 dyn plain 1loop sec16 emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
-                                                 dynamic=True, overlap=False, one_loop=True, section=16, exp2_emu=16),
+        "n128 plain 1loop": D64_PLAIN,
+        "n128 dyn plain 1loop sec16 emu16": D64_DYN,
         **{f"n64 s{s} {name}": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=s, persistent=1, **knobs)
            for s in (2, 3) for name, knobs in (
                ("plain 1loop", dict(overlap=False, one_loop=True)),
@@ -121,8 +122,7 @@ VARIANT_SETS = {
                ("dyn plain 1loop emu16", dict(overlap=False, one_loop=True, dynamic=True, exp2_emu=16)))},
     },
     "own_range_3c": {
-        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                 one_loop=True),
+        "n128 plain 1loop": D64_PLAIN,
         "3c n128 r160 dyn": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
                                  persistent=1, dynamic=True),
         "3c n128 r160 dyn plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3,
@@ -133,17 +133,11 @@ VARIANT_SETS = {
     },
     # the diagonal half step (half_step) in the shipped D=64 causal kernels
     "half_step": {
-        "n128 plain 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                 one_loop=True),
-        "n128 plain 1loop half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                      one_loop=True, half_step=True),
-        "n128 dyn plain 1loop sec16 emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
-                                                 dynamic=True, overlap=False, one_loop=True, section=16, exp2_emu=16),
-        "n128 dyn plain 1loop sec16 emu16 half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1,
-                                                      dynamic=True, overlap=False, one_loop=True, section=16,
-                                                      exp2_emu=16, half_step=True),
-        "n128 plain half": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                half_step=True),
+        "n128 plain 1loop": D64_PLAIN,
+        "n128 plain 1loop half": dict(D64_PLAIN, half_step=True),
+        "n128 dyn plain 1loop sec16 emu16": D64_DYN,
+        "n128 dyn plain 1loop sec16 emu16 half": dict(D64_DYN, half_step=True),
+        "n128 plain half": dict(D64_PLAIN, one_loop=False, half_step=True),
     },
     # short causal grids: the static persistent kernel with the consumers taking turns, and
     # without the intra-warpgroup overlap

@@ -564,7 +564,8 @@ def _check_cu_seqlens(q, k, cu_q, cu_k, max_q, max_k, check_lengths: bool | None
     remembered = check_lengths is None  # an explicit check_lengths=True always reads back
     if check_lengths is None:
         check_lengths = not capturing
-    state = _LAST_CHECKED.state(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)  # before the read-back
+    if check_lengths:
+        state = _LAST_CHECKED.state(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)  # before the read-back
     if check_lengths and not (remembered and _LAST_CHECKED.holds(cu_q, cu_k, state)):
         both = torch.cat((cu_q, cu_k)).tolist()  # one copy back, one wait
         for name, offsets, total, longest in (("cu_seqlens_q", both[:cu_q.numel()], q.shape[0], max_q),

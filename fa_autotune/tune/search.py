@@ -148,7 +148,7 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     depends on the heads, tiles and programs: 2026-12-02-h200-fwd-example-and-sections.md),
     the Gluon structures worth measuring first, then the nearest tuned problems' winners. A
     D <= 64 causal winner in the steps-in-turn schedule is measured with half steps too
-    (0.94x -> 0.99x cuDNN at N=1024: 2026-12-02-h200-half-step-d64.md)."""
+    (+1-3.5% for each such structure in 2026-12-02-h200-half-step-d64.md)."""
     winners = [c for p, c in tuned if p == problem]
     starts = defaults_for(problem, gpu) + winners
     starts += [c.with_(half_step=True) for c in winners if problem.causal and problem.head_dim_pad <= 64
