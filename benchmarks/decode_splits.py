@@ -8,7 +8,13 @@ them at the price of a bigger combine. Balanced splits (`persistent` 1, 2, 4: th
 programs per SM share all row tiles' key steps evenly, stream-K; names end in `_sk<n>`)
 balance them with a combine of only the row tiles a run boundary cuts.
 
-Usage: python3 benchmarks/decode_splits.py --out DIR [--rows 16x16384,8x32768] [--rounds 3]
+A row spec ending in `r` (`64x16384r`) is a ragged batch, as a server sees one: sequence
+lengths drawn (seeded) from [context / 16, context], the same cache capacity; its K/V bytes
+count the keys attended, and cuDNN (which takes no per-sequence lengths here) attends the
+whole capacity, so for those rows the figure to read is the balanced grid against the
+fixed splits (`best fixed`, `best balanced`).
+
+Usage: python3 benchmarks/decode_splits.py --out DIR [--rows 16x16384,8x32768,64x16384r] [--rounds 3]
 Writes DIR/decode_splits.json and .md.
 """
 from __future__ import annotations
@@ -28,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_sweep import D, HKV, HQ, TABLE, plan_call, sdpa, table_inputs  # noqa: E402
 
 from fa_autotune.spec.config import KernelConfig  # noqa: E402
-from fa_autotune.spec.problem import Problem  # noqa: E402
 from fa_autotune.tune.measure import time_callable  # noqa: E402
 
 SPLITS = (1, 2, 3, 4, 6, 8, 16, 33, 66)
@@ -50,11 +55,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for spec in args.rows.split(","):
-        batch, n = (int(x) for x in spec.split("x"))
+        ragged = spec.endswith("r")
+        batch, n = (int(x) for x in spec.rstrip("r").split("x"))
         q, kc, vc, lens = table_inputs(batch, n)
-        gb = Problem(batch, HQ, HKV, 1, n, D, "bfloat16", kind="decode").kv_bytes / 1e9
+        if ragged:
+            gen = torch.Generator().manual_seed(batch * n)
+            lens = torch.randint(n // 16, n + 1, (batch,), generator=gen).to(device="cuda", dtype=torch.int32)
+        gb = 2 * int(lens.sum()) * HKV * D * kc.element_size() / 1e9
         cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc)
-        ref = sdpa(SDPBackend.MATH, q.float(), kc.float(), vc.float())().transpose(1, 2)  # float32
+        ref = torch.cat([sdpa(SDPBackend.MATH, q[b:b + 1].float(), kc[b:b + 1, :int(lens[b])].float(),
+                              vc[b:b + 1, :int(lens[b])].float())().transpose(1, 2) for b in range(batch)])  # float32
         calls, status = {"cudnn": cudnn}, {}
         grid = [(t, s, 0) for t in TILES for s in SPLITS] + [(t, 1, p) for t in TILES for p in BALANCED]
         for (bn, stages), splits, persistent in grid:
@@ -80,10 +90,12 @@ def main() -> None:
                 samples[name].append(time_callable(fn).median_ms)
         ms = {name: statistics.median(v) for name, v in samples.items()}
         best = min((k for k in ms if k != "cudnn"), key=ms.get)
-        row = {"batch": batch, "context": n, "kv_gb": gb, "ms": ms, "status": status, "best": best,
-               "best_vs_cudnn": ms["cudnn"] / ms[best]}
+        fixed = min((k for k in ms if k != "cudnn" and "_sk" not in k), key=ms.get)
+        balanced = min((k for k in ms if "_sk" in k), key=ms.get, default=None)
+        row = {"batch": batch, "context": n, "ragged": ragged, "kv_gb": gb, "ms": ms, "status": status, "best": best,
+               "best_vs_cudnn": ms["cudnn"] / ms[best], "best_fixed": fixed, "best_balanced": balanced}
         results.append(row)
-        print(f"{batch}x{n}: cudnn {ms['cudnn'] * 1e3:.1f} us, best {best} {ms[best] * 1e3:.1f} us "
+        print(f"{spec}: cudnn {ms['cudnn'] * 1e3:.1f} us, best {best} {ms[best] * 1e3:.1f} us "
               f"({row['best_vs_cudnn']:.3f}x); " + ", ".join(f"{label(k)} {v * 1e3:.1f}"
                                                                for k, v in sorted(ms.items(), key=lambda kv: kv[1])[:8]),
               flush=True)
@@ -96,13 +108,16 @@ def main() -> None:
     lines = [f"# Decode split counts on {meta['gpu']} ({meta['date']})", "",
              f"torch {meta['torch']}, triton {meta['triton']}, cuDNN {meta['cudnn']}; bf16, H_q {HQ}, H_kv {HKV}, "
              f"D {D}, one query token; median of {args.rounds} interleaved rounds; microseconds (TB/s of K/V read).", "",
-             "| batch x context | cuDNN | best | best config | x cuDNN | runner-up |", "|---|---|---|---|---|---|"]
+             "Rows marked `r`: ragged batches (lengths from context / 16 to context; cuDNN attends the whole cache).",
+             "", "| batch x context | cuDNN | best | best config | x cuDNN | best fixed | best balanced |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
-        ranked = sorted((k for k in r["ms"] if k != "cudnn"), key=r["ms"].get)
-        second = ranked[1] if len(ranked) > 1 else ""
-        lines.append(f"| {r['batch']} x {r['context']} | {r['ms']['cudnn'] * 1e3:.1f} ({r['kv_gb'] / r['ms']['cudnn']:.2f})"
-                     f" | {r['ms'][r['best']] * 1e3:.1f} ({r['kv_gb'] / r['ms'][r['best']]:.2f}) | `{r['best']}` | "
-                     f"{r['best_vs_cudnn']:.3f} | `{second}` {r['ms'].get(second, 0) * 1e3:.1f} |")
+        us = {k: v * 1e3 for k, v in r["ms"].items()}
+        balanced = f"`{label(r['best_balanced'])}` {us[r['best_balanced']]:.1f}" if r["best_balanced"] else "-"
+        lines.append(f"| {r['batch']} x {r['context']}{' r' if r['ragged'] else ''} | {us['cudnn']:.1f} "
+                     f"({r['kv_gb'] / r['ms']['cudnn']:.2f}) | {us[r['best']]:.1f} ({r['kv_gb'] / r['ms'][r['best']]:.2f})"
+                     f" | `{r['best']}` | {r['best_vs_cudnn']:.3f} | `{label(r['best_fixed'])}` {us[r['best_fixed']]:.1f}"
+                     f" | {balanced} |")
     (args.out / "decode_splits.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

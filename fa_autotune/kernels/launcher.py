@@ -361,6 +361,7 @@ class DecodePlan:
         tiles = triton.cdiv(n_q * group, tile_m) * batch * heads_kv
         self.units = self.combine = None
         self.pairs = tiles
+        combine_rows = min(tile_m, n_q * group)  # one combine program per query row of a tile (none for padding)
         if config.persistent:
             capacity = (block_table.shape[1] * page_size if block_table is not None else k_cache.shape[1]) + n_new
             if tiles * triton.cdiv(capacity, config.BLOCK_N) >= 2 ** 31:  # the units scan counts in int32
@@ -370,14 +371,14 @@ class DecodePlan:
             scalars.update(PAIRS=tiles, PROGRAMS=programs)
             self.units = Launch(module.KERNELS["units"], (1,), _DECODE_UNITS, scalars, flags, {"num_warps": 4})
             self.main = Launch(module.KERNELS["main"], (programs,), _DECODE + ("PairStart",), scalars, flags, options)
-            self.combine = Launch(module.KERNELS["combine"], (tiles,), _DECODE_COMBINE + ("PairStart",),
+            self.combine = Launch(module.KERNELS["combine"], (tiles, combine_rows), _DECODE_COMBINE + ("PairStart",),
                                   scalars, flags, {"num_warps": 4})
             self.parts = 2 * programs * tile_m  # two scratch slots per program
         else:
             self.main = Launch(module.KERNELS["main"], (tiles, config.num_splits), _DECODE, scalars, flags, options)
             if config.num_splits > 1:
-                self.combine = Launch(module.KERNELS["combine"], (tiles, tile_m), _DECODE_COMBINE, scalars, flags,
-                                      {"num_warps": 4})
+                self.combine = Launch(module.KERNELS["combine"], (tiles, combine_rows), _DECODE_COMBINE, scalars,
+                                      flags, {"num_warps": 4})
             self.parts = tiles * config.num_splits * tile_m
         self.append = None
         if n_new:

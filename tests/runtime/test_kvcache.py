@@ -135,6 +135,23 @@ def test_balanced_split_cuts_row_tiles_anywhere(monkeypatch, programs, device):
     assert torch.equal(out[1], torch.zeros_like(out[1])) and bool((lse[1] == float("-inf")).all())
 
 
+def test_balanced_split_merges_a_row_tile_cut_into_more_pieces_than_one_load(monkeypatch, device):
+    """One long sequence on 40 programs of 2 key steps each: its row tile is cut into 22
+    pieces, more than the combine loads at once (MERGE_PIECES), so each row's merge takes
+    several rounds; the padding rows of the 16-row tile (group 2, one token) get no program."""
+    from fa_autotune.kernels import launcher
+    from fa_autotune.runtime import kvcache
+
+    monkeypatch.setattr(launcher, "_sm_count", lambda device: 40)
+    monkeypatch.setattr(kvcache, "_PLANS", {})
+    k_cache, v_cache, table = make_cache(1, 720, 1, 32, device=device)
+    q = torch.randn(1, 1, 2, 32, dtype=torch.float16, device=device)
+    seqlens = torch.tensor([700], dtype=torch.int32, device=device)
+    out, lse = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True,
+                                                  config={**DECODE, "persistent": 1})
+    check(out, lse, q, k_cache, v_cache, table, [700], False)
+
+
 def test_balanced_split_refuses_what_its_int32_step_count_cannot_hold():
     """32768 row tiles x 2**16 steps of 32 keys: the units scan would wrap; the plan says so."""
     from fa_autotune.kernels.launcher import DecodePlan
