@@ -31,7 +31,8 @@ from .tiles import tile_starts
 
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
-FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE")
+FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE",
+         "TAIL_ROWS", "TAIL_HEADS")
 # Per-call tensors of each kernel, in the order its parameters list them.
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
@@ -648,8 +649,9 @@ class VarlenPlan:
         if config.language == "gluon":
             self.launch, self.descriptors = _gluon_varlen(config, kernel, q, k, v, cu_q, max_q, scale, causal, out,
                                                           lse, head_dim_pad)
-            self.tile_starts = Launch(tile_starts, (1,), ("CuSeqQ", "TileStart"), {"B": batch},
-                                      {"TILE_M": config.BLOCK_M * config.consumers}, {"num_warps": 4})
+            self.tile_starts = Launch(tile_starts, (1,), ("CuSeqQ", "TileStart"), {"B": batch, "H": heads},
+                                      {"TILE_M": config.BLOCK_M * config.consumers, "TAIL_ROWS": config.BLOCK_M,
+                                       "TAIL_HEADS": self.launch.flags["TAIL_HEADS"]}, {"num_warps": 4})
             return
         scalars: dict[str, Any] = {"H": heads, "GROUP": heads // k.shape[1], "MAX_N_Q": max_q, "TOTAL_Q": q.shape[0],
                                    "qk_scale": scale * LOG2E}
@@ -686,6 +688,14 @@ class VarlenPlan:
         self.launch(*args)
 
 
+def varlen_tail_heads(config: KernelConfig, group: int) -> int:
+    """Query heads that share a sequence's last varlen tile when its rows fit one consumer
+    warpgroup: one head per warpgroup (GQA: heads of one KV group read the same K/V), so the
+    other warpgroups work on rows of their own instead of idling through the tile; 1 (no
+    sharing) with one consumer or a group the consumers do not divide."""
+    return config.consumers if config.consumers > 1 and group % config.consumers == 0 else 1
+
+
 def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale: float, causal: bool, out, lse,
                   head_dim_pad: int) -> tuple[Launch, Callable[..., tuple]]:
     """The Gluon module's varlen kernel: Q, K and V as rank-4 descriptors over (1, head,
@@ -704,7 +714,8 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
                "SECTION": config.section or l2_section(q.device, max(batch, 1) * heads, group, mean_k, head_dim_pad,
                                                        q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
-    flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None}
+    flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None,
+             "TAIL_HEADS": varlen_tail_heads(config, group)}
     launch = Launch(kernel, grid, _GLUON_VARLEN + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                     {"num_warps": config.num_warps})
     return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,

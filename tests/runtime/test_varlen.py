@@ -252,6 +252,26 @@ def test_gpu_gluon_varlen_kernel(config, causal, dtype, head_dim):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs a Hopper GPU (Gluon kernels)")
+@pytest.mark.parametrize("heads_q, heads_kv", [(8, 8), (8, 4), (8, 1), (6, 2)], ids=["mha", "gqa2", "mqa", "gqa3"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_gpu_gluon_varlen_shared_last_tiles(dynamic, causal, heads_q, heads_kv):
+    """A sequence's last tile whose rows fit one warpgroup (1, 64, 9 and 3 rows past a
+    128-row edge) is shared by two query heads of a KV group where the group is even (gqa2,
+    mqa), not where it is 1 or odd (mha; gqa3, 3 per group); 92 rows past the edge are one
+    head's; queries shorter than keys, causal bottom-right."""
+    config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=dynamic)
+    lens_q, lens_k = [1, 64, 137, 259, 220, 3], [40, 64, 300, 259, 220, 3]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=128,
+                                 dtype=torch.bfloat16, device="cuda")
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                            return_softmax_lse=True, config=config)
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU (Gluon kernels)")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("one_loop, dynamic", [(False, False), (False, True), (True, True)],
                          ids=["two-loops", "two-loops-dynamic", "one-loop-dynamic"])
