@@ -47,20 +47,30 @@ def dense_ms(batch: int, n: int, causal: bool) -> float:
     return time_callable(call).median_ms
 
 
+def length_mixes() -> dict[str, list[int]]:
+    """The three seeded mixes of sequence lengths every varlen benchmark runs."""
+    gen = torch.Generator().manual_seed(0)
+    return {"16 seqs 256-4096": torch.randint(256, 4097, (16,), generator=gen).tolist(),
+            "64 seqs 64-2048": torch.randint(64, 2049, (64,), generator=gen).tolist(),
+            "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
+
+
+def packed_inputs(lengths: list[int]):
+    """Random packed q (total, HQ, D), k and v (total, HKV, D), bf16, and their offsets."""
+    total = sum(lengths)
+    q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    return q, k, torch.randn_like(k), cu
+
+
 def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(0)
-    cases = {"16 seqs 256-4096": torch.randint(256, 4097, (16,), generator=gen).tolist(),
-             "64 seqs 64-2048": torch.randint(64, 2049, (64,), generator=gen).tolist(),
-             "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
     rows = []
-    for name, lengths in cases.items():
+    for name, lengths in length_mixes().items():
         for causal in (True, False):
             total, longest = sum(lengths), max(lengths)
-            q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+            q, k, v, cu = packed_inputs(lengths)
             varlen = lambda: fa_autotune.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal)  # noqa: E731
             reference = varlen()
             t_same = time_callable(varlen).median_ms

@@ -16,7 +16,7 @@ from fa_autotune.runtime.dispatch import DISPATCHER
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.problem import Problem
 from fa_autotune.tune.measure import time_callable
-from varlen_bench import GLUON
+from varlen_bench import GLUON, length_mixes, packed_inputs
 from varlen_ragged import D, HKV, HQ, check_varlen
 
 
@@ -38,17 +38,9 @@ def variants(lens, causal: bool) -> dict[str, dict]:
 
 
 def main() -> None:
-    gen = torch.Generator().manual_seed(0)
-    cases = {"16": torch.randint(256, 4097, (16,), generator=gen).tolist(),
-             "64": torch.randint(64, 2049, (64,), generator=gen).tolist(),
-             "4": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
-    for name, lens in cases.items():
+    for name, lens in length_mixes().items():
         for causal in (True, False):
-            total = sum(lens)
-            q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+            q, k, v, cu = packed_inputs(lens)
             configs = variants(lens, causal)
             flops = sum(4.0 * HQ * n * n * D for n in lens) / (2 if causal else 1)
             times = {n: [] for n in configs}
@@ -62,7 +54,7 @@ def main() -> None:
                         check_varlen(run(), q, k, v, lens, causal)
                     times[label].append(time_callable(run).median_ms)
             first = KernelConfig.from_mapping(next(iter(configs.values()))).name
-            print(f"{name} seqs causal={causal} [{first}]: "
+            print(f"{name} causal={causal} [{first}]: "
                   + "; ".join(f"{label} {flops / sorted(t)[1] / 1e9:.0f}" for label, t in times.items()), flush=True)
 
 

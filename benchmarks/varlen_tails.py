@@ -16,7 +16,7 @@ from fa_autotune.kernels.launcher import VarlenPlan, resolve_scale
 from fa_autotune.runtime.dispatch import DISPATCHER
 from fa_autotune.spec.problem import Problem
 from fa_autotune.tune.measure import time_callable
-from varlen_bench import dense_ms
+from varlen_bench import dense_ms, length_mixes, packed_inputs
 from varlen_bench import flops as varlen_flops
 from varlen_ragged import D, HKV, HQ, check_varlen
 
@@ -40,17 +40,10 @@ def plan_call(config, q, k, v, cu, lens, causal, shared: bool):
 
 
 def main() -> None:
-    gen = torch.Generator().manual_seed(0)
-    cases = {"16 seqs 256-4096": torch.randint(256, 4097, (16,), generator=gen).tolist(),
-             "64 seqs 64-2048": torch.randint(64, 2049, (64,), generator=gen).tolist(),
-             "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
-    for name, lens in cases.items():
+    for name, lens in length_mixes().items():
         for causal in (True, False):
             total = sum(lens)
-            q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+            q, k, v, cu = packed_inputs(lens)
             problem = Problem(len(lens), HQ, HKV, max(lens), max(lens), D, "bfloat16", causal, "bottom_right")
             config = DISPATCHER.choose(problem, "cuda", torch.cuda.current_device()).config
             if config.language != "gluon":
