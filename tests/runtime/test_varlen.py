@@ -272,16 +272,17 @@ def test_gpu_gluon_varlen_shared_last_tiles(dynamic, causal, heads_q, heads_kv):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs a Hopper GPU (Gluon kernels)")
-@pytest.mark.parametrize("batch", [33, 1500])
+@pytest.mark.parametrize("batch", [1, 33, 1500])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_gpu_gluon_varlen_finds_the_sequence_of_every_tile(dynamic, batch):
-    """More sequences than one round of the kernel's 32-way search over the tile table
-    (33: two rounds, the second over one entry; 1500: three), runs of empty ones among
-    them (ties go to the sequence after), lengths 0-300."""
+    """The kernel's 32-way search over the tile table: one sequence (no search; Triton
+    passes the count as a constant 1), more than one round's worth (33: two rounds, the
+    second over one entry; 1500: three), runs of empty ones among them (ties go to the
+    sequence after), lengths 0-300."""
     gen = torch.Generator().manual_seed(batch)
     lens = torch.randint(0, 301, (batch,), generator=gen)
     lens[torch.randint(0, batch, (batch // 4,), generator=gen)] = 0
-    lens = lens.tolist()
+    lens = lens.tolist() if batch > 1 else [300]
     config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=dynamic)
     q, k, v, cu_q, cu_k = packed(lens, lens, heads_q=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16, device="cuda")
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), causal=True,
