@@ -212,6 +212,18 @@ def test_gpu_mixed_lengths(dtype, causal):
 
 
 GLUON = {"language": "gluon", "access": "tensor_desc", "num_warps": 4, "BLOCK_M": 64}
+HOPPER = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="needs a Hopper GPU (Gluon kernels)")
+
+
+def check_named_config(config, lens_q, lens_k, causal, heads_q=16, heads_kv=4, head_dim=128, dtype=torch.bfloat16):
+    """attention_varlen with `config` named on random packed sequences of these lengths (on
+    the GPU), every sequence's output and LSE against float32 attention."""
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
+                                 device="cuda")
+    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                            return_softmax_lse=True, config=config)
+    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
 
 
 def test_a_named_gluon_config_says_where_it_runs():
@@ -231,8 +243,7 @@ GLUON_VARLEN = {
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs a Hopper GPU (Gluon kernels)")
+@HOPPER
 @pytest.mark.parametrize("head_dim", [128, 64, 80])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -241,17 +252,12 @@ def test_gpu_gluon_varlen_kernel(config, causal, dtype, head_dim):
     """A Gluon config's own varlen kernel (named explicitly): tiles past each sequence's end
     skipped, keys past it masked, rows past it never stored (the next sequence's output
     must survive), an empty sequence, queries longer than keys, GQA."""
-    lens_q, lens_k = [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=head_dim, dtype=dtype,
-                                 device="cuda")
-    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                            return_softmax_lse=True, config=GLUON_VARLEN[config])
-    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+    check_named_config(GLUON_VARLEN[config], [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100],
+                       causal, head_dim=head_dim, dtype=dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs a Hopper GPU (Gluon kernels)")
+@HOPPER
 @pytest.mark.parametrize("heads_q, heads_kv", [(8, 8), (8, 4), (8, 1), (6, 2)], ids=["mha", "gqa2", "mqa", "gqa3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -261,17 +267,12 @@ def test_gpu_gluon_varlen_shared_last_tiles(dynamic, causal, heads_q, heads_kv):
     mqa), not where it is 1 or odd (mha; gqa3, 3 per group); 92 rows past the edge are one
     head's; queries shorter than keys, causal bottom-right."""
     config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=dynamic)
-    lens_q, lens_k = [1, 64, 137, 259, 220, 3], [40, 64, 300, 259, 220, 3]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=heads_q, heads_kv=heads_kv, head_dim=128,
-                                 dtype=torch.bfloat16, device="cuda")
-    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                            return_softmax_lse=True, config=config)
-    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+    check_named_config(config, [1, 64, 137, 259, 220, 3], [40, 64, 300, 259, 220, 3], causal, heads_q=heads_q,
+                       heads_kv=heads_kv)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs a Hopper GPU (Gluon kernels)")
+@HOPPER
 @pytest.mark.parametrize("batch", [1, 33, 1500])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_gpu_gluon_varlen_finds_the_sequence_of_every_tile(dynamic, batch):
@@ -284,15 +285,11 @@ def test_gpu_gluon_varlen_finds_the_sequence_of_every_tile(dynamic, batch):
     lens[torch.randint(0, batch, (batch // 4,), generator=gen)] = 0
     lens = lens.tolist() if batch > 1 else [300]
     config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=dynamic)
-    q, k, v, cu_q, cu_k = packed(lens, lens, heads_q=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16, device="cuda")
-    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), causal=True,
-                                            return_softmax_lse=True, config=config)
-    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, True)
+    check_named_config(config, lens, lens, True, heads_q=4, heads_kv=2, head_dim=64)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs a Hopper GPU (Gluon kernels)")
+@HOPPER
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("one_loop, dynamic", [(False, False), (False, True), (True, True)],
                          ids=["two-loops", "two-loops-dynamic", "one-loop-dynamic"])
@@ -301,16 +298,12 @@ def test_gpu_gluon_varlen_half_steps(one_loop, dynamic, dtype):
     on the grids attention_varlen dispatches a shipped half-step config to (dynamic) and not."""
     config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, half_step=True,
                   one_loop=one_loop, dynamic=dynamic)
-    lens_q, lens_k = [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=64, dtype=dtype, device="cuda")
-    out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
-                                            return_softmax_lse=True, config=config)
-    check_each_sequence(out, lse, q, k, v, cu_q, cu_k, True)
+    check_named_config(config, [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100], True,
+                       head_dim=64, dtype=dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs a Hopper GPU (Gluon kernels)")
+@HOPPER
 def test_gpu_output_layout_tma_cannot_store_falls_back():
     """q, k, v sliced from padded buffers (D=100 in rows of 104: TMA reads them): the output,
     allocated dense, has 200-byte rows, which TMA cannot store: the dispatched Gluon config
