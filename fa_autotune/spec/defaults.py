@@ -103,8 +103,9 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     """The decode default first, then the neighbours a tune should measure first (the split
     counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep:
     the best or next-best tile on every row of issue 15's table in
-    benchmarks/results/2026-12-02-h200-decode-splits.md), then balanced splits of the first
-    and (contiguous) the 128-key tile."""
+    benchmarks/results/2026-12-02-h200-decode-splits.md). Balanced splits (`persistent`) stay
+    in the search space but out of this list: on the uniform lengths a tune measures they ran
+    5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
     rows = problem.seqlen_q * problem.gqa_group
     block_m = min(128, max(16, 1 << max(0, (rows - 1).bit_length())))
     programs = max(1, problem.batch * problem.heads_kv * -(-rows // block_m))
@@ -131,13 +132,7 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
                                   num_splits=split)
             if split * 128 <= problem.seqlen_k and config not in out:
                 out.append(config)
-    # Balanced splits (stream-K, persistent): the fixed splits' best tiles with their programs
-    # sharing all row tiles' keys evenly, one per SM (contiguous) or four (paged: occupancy).
-    balanced = [out[0].with_(num_splits=1, persistent=4 if problem.page_size else 1)]
-    if wide and problem.seqlen_k >= 128:
-        balanced.append(KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=3,
-                                     persistent=1))
-    return out + [c for c in dict.fromkeys(balanced) if c not in out]
+    return out
 
 
 # FlashAttention-3's backward in Gluon on Hopper (fp16/bf16, D <= 128): a TMA producer and two

@@ -193,7 +193,8 @@ def test_presets_that_multiply_out_huge_are_refused_quickly():
 
 def test_decode_space_and_presets():
     """search_spaces/decode.yaml: KV-cache problems (bottom-right causal), decode configs only,
-    every serving problem has configs on Hopper and in the interpreter."""
+    every serving problem has configs on Hopper and in the interpreter; fixed splits only
+    (balanced ones lost on every uniform row measured; they stay valid named configs)."""
     from fa_autotune.spec.space import load_space
 
     space = load_space("decode")
@@ -209,7 +210,7 @@ def test_decode_space_and_presets():
             grid = resolved.grid(problem)
             assert grid and all(c.loop_order == "decode" for c in grid)
             assert all(c.num_splits * c.BLOCK_N <= problem.seqlen_k for c in grid)
-            assert any(c.persistent for c in grid) and all(c.num_splits == 1 for c in grid if c.persistent)
+            assert not any(c.persistent for c in grid) and any(c.num_splits > 1 for c in grid)
 
 
 def test_page_size_only_in_decode_spaces():
