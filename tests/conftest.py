@@ -2,7 +2,10 @@
 chosen before Triton is imported, hence the environment variable set here."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -10,6 +13,16 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The suite never sees the user's own tuning state: the README has a newcomer run the tuner
+# first, which fills ~/.cache/fa_autotune/tuning.sqlite, and the dispatcher would then answer
+# from it. The default database (and kernel cache, unless FA_AUTOTUNE_CACHE names one) live
+# in a fresh directory per session; tests that want a database or config files set their own.
+_STATE = tempfile.mkdtemp(prefix="fa_autotune_tests_")
+atexit.register(shutil.rmtree, _STATE, True)
+os.environ["XDG_CACHE_HOME"] = _STATE
+for _name in ("FA_AUTOTUNE_DB", "FA_AUTOTUNE_CONFIG_DIR", "FA_AUTOTUNE_DISABLE_TUNED"):
+    os.environ.pop(_name, None)
 
 # The modules whose tests run whole tunes or compile many kernels (20-60 s each on 2 cores),
 # run first: with pytest-xdist each worker takes the next test when it is free, so the

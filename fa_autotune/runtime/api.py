@@ -504,8 +504,9 @@ def attention_varlen(
         dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
         chosen = None
         if dispatched.language == "gluon":
+            equal = q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k
             try:
-                candidate = dispatched.with_(persistent=1, dynamic=True)
+                candidate = varlen_grid(dispatched, causal, equal)
                 check_config(candidate, dense, *views)
                 check_tma_output(out_view)
                 chosen = candidate
@@ -530,6 +531,20 @@ def attention_varlen(
         if cacheable and plan is not None:
             _keep(key, (chosen, sm_scale, plan))
     return _varlen_result(out, lse, return_softmax_lse, return_attn_probs)
+
+
+def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool) -> KernelConfig:
+    """The persistent grid attention_varlen runs a dispatched Gluon config's varlen kernel on:
+    tiles from a counter (packed sequences' tiles differ in work), except for a causal batch
+    whose sequences all have the longest length (tokens = batch * max_seqlen), which is the
+    dense problem the config was chosen for: its own grid, persistent (on an H200, 64 x 1024
+    tokens, D 128: static 419-430 TFLOPS against dynamic 401-406, as dense 449-452 against
+    410-412; without a mask dynamic stays ahead, 550-557 against 540-541,
+    benchmarks/results/2026-12-02-h200-varlen-vs-dense-equal.log; a program per tile ran
+    varlen slower still, -varlen-grids.md)."""
+    if causal and equal_lengths:
+        return dispatched.with_(persistent=max(dispatched.persistent, 1))
+    return dispatched.with_(persistent=1, dynamic=True)
 
 
 def _varlen_result(out, lse, return_softmax_lse: bool, return_attn_probs: bool):

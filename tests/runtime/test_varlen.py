@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fa_autotune
-from fa_autotune import ConfigError, InputError
+from fa_autotune import ConfigError, InputError, KernelConfig
 from helpers import assert_close_to_reference
 
 
@@ -224,6 +224,22 @@ def check_named_config(config, lens_q, lens_k, causal, heads_q=16, heads_kv=4, h
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                             return_softmax_lse=True, config=config)
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+def test_varlen_grid_follows_the_dense_config_only_for_equal_length_causal_batches():
+    """attention_varlen's grid for a dispatched Gluon config: tiles from a counter, except a
+    causal batch of equal lengths (the dense problem the config was tuned for), which keeps the
+    config's own persistent grid."""
+    from fa_autotune.runtime.api import varlen_grid
+
+    static = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, section=4))
+    tiles = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2))  # a program per tile
+    for causal, equal in ((False, False), (False, True), (True, False)):
+        chosen = varlen_grid(static, causal, equal)
+        assert chosen.dynamic and chosen.persistent == 1 and chosen.section == 4
+    assert varlen_grid(static, True, True) == static
+    assert varlen_grid(tiles, True, True) == tiles.with_(persistent=1)  # never a program per tile (slower for varlen)
+    assert varlen_grid(static.with_(dynamic=True), True, True).dynamic
 
 
 def test_a_named_gluon_config_says_where_it_runs():
