@@ -499,7 +499,8 @@ def attention_varlen(
         # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on a persistent grid taking
         # tiles from a counter, since packed sequences' tiles differ in work (0.84-0.99x
         # against 0.75-0.98x for the static grid, -varlen-plans.md; still 0-5% ahead with the
-        # TMA epilogue, interleaved, -varlen-grids.md); otherwise the Triton varlen kernel.
+        # TMA epilogue, interleaved, -varlen-grids.md; equal-length causal batches excepted,
+        # see varlen_grid); otherwise the Triton varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
         dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
         chosen = None

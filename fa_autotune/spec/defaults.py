@@ -103,9 +103,9 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     """The decode default first, then the neighbours a tune should measure first (the split
     counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep:
     the best or next-best tile on every row of issue 15's table in
-    benchmarks/results/2026-12-02-h200-decode-splits.md). Balanced splits (`persistent`) stay
-    in the search space but out of this list: on the uniform lengths a tune measures they ran
-    5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
+    benchmarks/results/2026-12-02-h200-decode-splits.md). Balanced splits (`persistent`) are
+    neither here nor in the default search space: on the uniform lengths a tune measures they
+    ran 5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
     rows = problem.seqlen_q * problem.gqa_group
     block_m = min(128, max(16, 1 << max(0, (rows - 1).bit_length())))
     programs = max(1, problem.batch * problem.heads_kv * -(-rows // block_m))
