@@ -274,7 +274,7 @@ def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
 
 def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
     """A D <= 64 causal Gluon winner without the overlap is measured with half diagonal steps
-    right after itself; an overlapped one, or one at D=128, is not."""
+    right after itself; an overlapped one, one at D=128 or one with three consumers is not."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
     from fa_autotune.spec.target import GpuInfo
     from fa_autotune.tune.search import warm_starts
@@ -290,3 +290,5 @@ def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
     assert not any(c.half_step and c.section == 16 for c in warm_starts(causal, hopper, [(causal, overlapped)]))
     d128 = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16", causal=True)
     assert not any(c.half_step for c in warm_starts(d128, hopper, [(d128, incumbent)]))
+    three = incumbent.with_(consumers=3, consumer_regs=160)  # the space searches half steps with two consumers
+    assert not any(c.half_step for c in warm_starts(causal, hopper, [(causal, three)]) if c.consumers == 3)
