@@ -6,7 +6,9 @@ the GPU time of every kernel it launched is averaged per call, beside the call's
     python3 benchmarks/kernel_breakdown.py --head-dim 128 --seqlen 4096 --backward --out DIR
     python3 benchmarks/kernel_breakdown.py --head-dim 64 --seqlen 1024 --causal --providers tuned,cudnn
 
-Shapes follow llm-prefill (hidden 2048: heads = 2048 / head_dim; batch x seqlen = 16384). Each
+Shapes follow llm-prefill (hidden 2048: heads = 2048 / head_dim; batch x seqlen = 16384, or
+``--batch``). Each kernel's launch (grid, block, shared memory, registers) is read from the
+profiler's trace and printed beside it: another provider's tiling, seen from outside. Each
 output is checked against float32 first. The L2 is flushed before each call, as the bench does,
 by a kernel the table leaves out.
 """
@@ -32,6 +34,26 @@ def kernel_times(prof, iters: int, skip: str) -> dict[str, float]:
     return dict(sorted(total.items(), key=lambda item: -item[1]))
 
 
+def kernel_launches(prof, skip: str) -> dict[str, dict]:
+    """Each kernel's launch shape as the profiler's trace records it (grid, block, shared
+    memory, registers per thread), the first launch of each name."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        trace = json.loads(Path(path).read_text())
+    keys = ("grid", "block", "shared memory", "registers per thread", "blocks per SM", "warps per SM")
+    launches: dict[str, dict] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") != "kernel" or skip in event.get("name", ""):
+            continue
+        args = event.get("args", {})
+        launches.setdefault(event["name"], {k: args[k] for k in keys if k in args})
+    return launches
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
@@ -39,6 +61,7 @@ def main() -> int:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
     parser.add_argument("--providers", default="tuned,cudnn")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", type=Path, help="folder for the JSON (appended to breakdown.json)")
@@ -54,7 +77,7 @@ def main() -> int:
     from fa_autotune.tune.reference import compare, compare_all, reference_attention, reference_gradients
 
     heads = 2048 // args.head_dim
-    problem = Problem(16384 // args.seqlen, heads, heads, args.seqlen, args.seqlen, args.head_dim, args.dtype,
+    problem = Problem(args.batch or 16384 // args.seqlen, heads, heads, args.seqlen, args.seqlen, args.head_dim, args.dtype,
                       causal=args.causal, kind="bwd" if args.backward else "fwd")
     q, k, v = random_inputs(problem, "cuda")
     bench = Bench(tuple(args.providers.split(",")), None)
@@ -83,11 +106,14 @@ def main() -> int:
                     fn()
                 torch.cuda.synchronize()
         kernels = kernel_times(prof, args.iters, "bitwise_not")
-        results[provider] = {"detail": detail, "elapsed_us": elapsed, "kernels_us": kernels}
+        launches = kernel_launches(prof, "bitwise_not")
+        results[provider] = {"detail": detail, "elapsed_us": elapsed, "kernels_us": kernels, "launches": launches}
         print(f"\n{problem.key} {provider} ({detail}): {elapsed:.1f} us elapsed, "
               f"{sum(kernels.values()):.1f} us in kernels")
         for name, us in kernels.items():
             print(f"  {us:9.1f} us  {name[:150]}")
+            if name in launches:
+                print(f"               {launches[name]}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / "breakdown.json"

@@ -41,7 +41,7 @@ def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor)
 
 def check_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> None:
     """The Gluon dK/dV pass reads Q, K, V and dO through TMA on Hopper, in fp16/bf16 (dK
-    and dV are written through pointers)."""
+    and dV are stored through TMA too, into buffers of their own when their layout cannot be)."""
     if q.device.type != "meta":  # meta tensors: ahead-of-time compilation, no device to check
         _check_gluon(str(q.dtype).removeprefix("torch."), q.device, _capability(q.device))
     for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
@@ -128,6 +128,15 @@ def _check_tma_layout(name: str, t: torch.Tensor) -> None:
             )
     if t.data_ptr() % _TMA_ALIGN:
         raise ConfigError("access", f"'tensor_desc' needs {name} to start on a 16-byte boundary")
+
+
+def tma_layout_ok(t: torch.Tensor) -> bool:
+    """Whether TMA can address ``t`` (B, H, N, D) as it is (what _check_tma_layout demands)."""
+    try:
+        _check_tma_layout("tensor", t)
+    except ConfigError:
+        return False
+    return True
 
 
 def _tma_views(problem: Problem, q, k, v) -> tuple:

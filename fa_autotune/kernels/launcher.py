@@ -25,7 +25,7 @@ from ..errors import ConfigError, InputError, KernelCompileError, KernelResource
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import interpreter_active
-from .checks import check_gluon_backward
+from .checks import check_gluon_backward, tma_layout_ok
 from .render import KernelModule, load_module
 from .tiles import tile_starts
 
@@ -419,7 +419,7 @@ class DecodePlan:
 _BWD_PRE = ("Out", "DOut", "Delta")
 _BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV", "DQAcc")
 _BWD_DQ = ("Q", "K", "V", "DOut", "Lse", "Delta", "DQ")
-_BWD_DKDV_GLUON = ("q_desc", "k_desc", "v_desc", "do_desc", "Lse", "Delta", "DK", "DV")
+_BWD_DKDV_GLUON = ("q_desc", "k_desc", "v_desc", "do_desc", "Lse", "Delta", "dk_desc", "dv_desc")
 
 
 def triton_backward(config: KernelConfig) -> KernelConfig:
@@ -440,7 +440,8 @@ class BackwardPlan:
     call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
     ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
-    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "descriptors", "acc_descriptor")
+    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "head_dim_pad", "descriptors",
+                 "acc_descriptor")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -450,9 +451,6 @@ class BackwardPlan:
         gluon = config.language == "gluon"
         if gluon:
             check_gluon_backward(q, k, v, dout)
-            if dk.stride(3) != 1 or dv.stride(3) != 1:
-                raise ConfigError("access", "the Gluon dK/dV pass writes dK and dV with a contiguous head dim "
-                                  f"(strides {dk.stride()}, {dv.stride()})")
         module = load_module(triton_backward(config) if gluon else config)
         batch, heads, n_q, head_dim = q.shape
         heads_kv, n_k = k.shape[1], k.shape[2]
@@ -485,7 +483,7 @@ class BackwardPlan:
                                {"num_warps": config.num_warps})
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
-                                                   "do": config.BLOCK_M})
+                                                   "do": config.BLOCK_M, "dk": config.BLOCK_N, "dv": config.BLOCK_N})
             if config.dq_atomic:  # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows
                 split = 2 if config.consumers == 2 else 1  # two consumers: half of the columns each
                 self.acc_descriptor = _gluon_descriptors(torch.float32, flags["HEAD_DIM_PAD"] // split,
@@ -499,17 +497,18 @@ class BackwardPlan:
             {**options, "num_warps": dq_warps, "num_stages": dq_stages})
         self.rows = batch * heads * n_q
         self.acc_shape = (batch, heads, n_q, flags["HEAD_DIM_PAD"]) if config.dq_atomic else None
+        self.head_dim_pad = flags["HEAD_DIM_PAD"]
         self.head_dim = head_dim
 
     def calls(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None) -> list[tuple[Launch, tuple]]:
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
-        if self.descriptors is not None:
-            descs = self.descriptors(q=q, k=k, v=v, do=dout)
+        if self.descriptors is not None:  # dk and dv: TMA-storable (see staged_gradients)
+            *descs, dk_desc, dv_desc = self.descriptors(q=q, k=k, v=v, do=dout, dk=dk, dv=dv)
             counter = _tile_counter(self.config, q.device)
             if self.dq is None:  # dQ added up inside the Gluon pass
-                return [(self.pre, (out, dout, delta)),
-                        (self.dkdv, (*descs, lse, delta, dk, dv, *self.acc_descriptor(dq=acc), *counter))]
-            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk, dv, *counter)),
+                return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk_desc, dv_desc,
+                                                                     *self.acc_descriptor(dq=acc), *counter))]
+            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk_desc, dv_desc, *counter)),
                     (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:
             return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, acc))]
@@ -522,6 +521,9 @@ class BackwardPlan:
         idle, as one fused launch would, yet each keeps its own warps. CUDA-graph safe: the
         side stream forks from and joins the caller's stream."""
         acc = None if self.acc_shape is None else torch.zeros(self.acc_shape, device=q.device, dtype=torch.float32)
+        dk_out, dv_out = dk, dv
+        if self.descriptors is not None:
+            dk, dv = self.staged_gradients(dk, dv)
         calls = self.calls(q, k, v, out, dout, lse, dq, dk, dv, acc)
         if warmup or not concurrent or self.dq is None or q.device.type != "cuda":
             compiled = [launch(*args, warmup=warmup) for launch, args in calls]
@@ -538,7 +540,20 @@ class BackwardPlan:
                 main.wait_stream(side)
         if acc is not None and not warmup:
             dq.copy_(acc[..., :self.head_dim])
+        if dk is not dk_out and not warmup:
+            dk_out.copy_(dk[..., :self.head_dim])
+            dv_out.copy_(dv[..., :self.head_dim])
         return compiled
+
+    def staged_gradients(self, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """dK and dV as the Gluon pass stores them through TMA: the tensors themselves when TMA
+        can address them (those the backward allocates like K and V, which the pass reads
+        through TMA too), else contiguous buffers, padded to HEAD_DIM_PAD, copied out after."""
+        if tma_layout_ok(dk) and tma_layout_ok(dv):
+            return dk, dv
+        shape = (*dk.shape[:3], self.head_dim_pad)
+        return (torch.empty(shape, device=dk.device, dtype=dk.dtype),
+                torch.empty(shape, device=dv.device, dtype=dv.dtype))
 
 
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}

@@ -165,8 +165,8 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
     if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16") and problem.head_dim_pad >= 32:
         chosen = GLUON_BACKWARD if problem.head_dim_pad > 64 else GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
         # Without a mask every tile is as long as the next: one program per SM taking tiles
-        # from a counter, its producer loading the next tile while the consumers store this
-        # one (1-5% at llm-prefill's non-causal shapes). Causal grids keep a program per tile,
+        # from a counter, its producer loading the next tile's first Q/dO tiles while the
+        # consumers finish this one (1-5% at llm-prefill's non-causal shapes). Causal grids keep a program per tile,
         # which the hardware hands out longest first (2026-12-02-h200-bwd-persistent.md).
         return chosen if problem.causal else chosen.with_(persistent=1, dynamic=True)
     dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)

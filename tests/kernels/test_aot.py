@@ -343,7 +343,8 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     memory; with dq_atomic (the Hopper defaults) there is no dQ pass, the Gluon pass adds dQ
     up in fp32 itself (five matrix products a step, the adds as TMA bulk reduces), and its
     step loops keep their values in registers (at D=128 they once spilled 193 instructions a
-    step, which halved its speed; a GQA causal variant now spills at most a handful)."""
+    step, which halved its speed; a GQA causal variant now reloads about a dozen values a
+    step, in loops of 700-1100 instructions). dK and dV leave through TMA stores."""
     from fa_autotune.kernels.launcher import triton_backward
 
     problem = Problem(2, 16, 4, 2048, 2048, head_dim, "bfloat16", causal=True, kind="bwd")
@@ -357,8 +358,9 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     assert "inc 240" in dkdv.setmaxnreg and any(b.startswith("dec") for b in dkdv.setmaxnreg)
     assert counts["wgmma.mma_async"] > 0 and counts["cp.async.bulk.tensor"] >= 4 and counts["mbarrier.try_wait"] > 0
     assert (counts["cp.reduce.async.bulk.tensor"] > 0) == config.dq_atomic  # dQ's bulk reduce-add
+    assert counts["cp.async.bulk.tensor.4d.global.shared"] >= 4  # dK and dV of both consumers, stored by TMA
     assert counts["atom.global"] == int(config.dynamic)  # no per-thread atomics; a dynamic grid's tile counter
     assert 0 < dkdv.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     if config.dq_atomic:  # a few words of the GQA and tile loops' state at most
         spills = dkdv.stack_bytes, dkdv.step_loop_local_memory
-        assert spills[0] <= 96 and spills[1] <= 8, spills
+        assert spills[0] <= 96 and spills[1] <= 12, spills

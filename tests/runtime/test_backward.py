@@ -289,6 +289,29 @@ def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
         assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the Gluon dK/dV pass needs a Hopper GPU")
+@pytest.mark.parametrize("changes", [dict(DQ_ATOMIC), {}, dict(DQ_ATOMIC, persistent=1, dynamic=True)],
+                         ids=["dq-atomic", "dq-pass", "dq-atomic-persistent-dynamic"])
+def test_gpu_gluon_backward_stages_gradients_tma_cannot_store(changes):
+    """dK and dV given as views TMA cannot store into (rows 136 bytes apart) go through
+    buffers of the plan's own, copied in: right, and the columns beside them untouched."""
+    q = torch.randn(2, 8, 200, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = fa_autotune.attention(q, k, v, causal=True, return_lse=True)
+    wide = [torch.full((2, 2, 300, 68), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    got = [torch.full_like(q, float("nan")), wide[0][..., :64], wide[1][..., :64]]
+    plan = BackwardPlan(KernelConfig(**dict(GLUON_BWD, **changes)), q, k, v, out, dout, *got, 64 ** -0.5, 0, True)
+    plan(q, k, v, out, dout, lse, *got)
+    exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=True)
+    same_precision = grads(reference, q, k, v, dout, causal=True)
+    for name, a, w, p in zip("qkv", got, exact, same_precision):
+        assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
+    assert all(torch.isnan(t[..., 64:]).all() for t in wide)
+
+
 def test_gluon_backward_refuses_what_it_cannot_run(device):
     """On the CPU (no Gluon there) and for fp32 the named Gluon backward is a clear error
     before any kernel runs."""
