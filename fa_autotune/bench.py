@@ -4,7 +4,9 @@ KV-cache problems (``--space decode``) run ``attention_with_kvcache`` for ``tune
 ``default`` and report microseconds and TB/s of K/V read beside the ratios. Backward problems
 (``--space bwd``) time dQ, dK and dV together through autograd (each provider's own
 backward, its forward run once beforehand), checked against float32 autograd; TFLOPS count
-2.5x the forward's FLOPs.
+2.5x the forward's FLOPs. With ``with_forward`` (``--with-forward``) each backward row times
+the forward and the backward together, as a training step runs them (key suffix
+``_with_fwd``; TFLOPS count 3.5x the forward's FLOPs).
 
 Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
 (our template tuned only over the Triton fused-attention tutorial's config list,
@@ -120,12 +122,21 @@ def _flex(problem: Problem, q, k, v):
 
 class Bench:
     def __init__(self, providers: tuple[str, ...], db_url: str | None, tutorial_trials: int | None = None,
-                 rep_ms: float = 200.0) -> None:
+                 rep_ms: float = 200.0, with_forward: bool = False) -> None:
         unknown = set(providers) - set(PROVIDERS)
         if unknown:
             raise FaAutotuneError(f"unknown provider(s) {sorted(unknown)}; choose from {', '.join(PROVIDERS)}")
         self.providers, self.db_url, self.rep_ms = providers, db_url, rep_ms
         self.tutorial_trials = tutorial_trials
+        self.with_forward = with_forward
+
+    def row_key(self, problem: Problem) -> str:
+        """The row's name: the problem's key, marked when a backward row includes its forward."""
+        return f"{problem.key}_with_fwd" if self.with_forward and problem.backward else problem.key
+
+    def row_flops(self, problem: Problem) -> float:
+        """FLOPs one timed call does: a backward with its forward adds the forward's (3.5x)."""
+        return problem.flops * 3.5 / 2.5 if self.with_forward and problem.backward else problem.flops
 
     def callable_for(self, provider: str, problem: Problem, q, k, v):
         """(fn, context factory or None, detail)."""
@@ -178,7 +189,8 @@ class Bench:
 
     def backward_callable_for(self, provider: str, problem: Problem, q, k, v, dout):
         """Backward problems: (fn giving (dq, dk, dv), context factory or None, detail). Every
-        provider's forward runs once with a graph; the timed call is the backward alone."""
+        provider's forward runs once with a graph; the timed call is the backward alone, or
+        with ``with_forward`` a fresh forward and its backward."""
         fwd = replace(problem, kind="fwd")
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
         context = None
@@ -201,7 +213,10 @@ class Bench:
 
         def call():
             return torch.autograd.grad(out, leaves, dout, retain_graph=True)
-        return call, context, detail
+
+        def step():
+            return torch.autograd.grad(run(), leaves, dout)
+        return (step if self.with_forward else call), context, detail
 
     def run_problem(self, problem: Problem) -> Row:
         """Every provider on one set of inputs: checked against float32, then timed."""
@@ -222,7 +237,7 @@ class Bench:
         return self._row(problem, lambda p: self.callable_for(p, problem, q, k, v), lambda out: compare(out, ref))
 
     def _row(self, problem: Problem, make: Callable, judge: Callable) -> Row:
-        row = Row(problem.key, problem.dtype)
+        row = Row(self.row_key(problem), problem.dtype)
         for provider in self.providers:
             try:
                 fn, context, detail = make(provider)
@@ -233,8 +248,8 @@ class Bench:
                         continue
                     timing = time_callable(fn, rep_ms=self.rep_ms)
                 tbps = problem.kv_bytes / (timing.median_ms * 1e-3) / 1e12 if problem.decode else None
-                row.cells[provider] = Cell(provider, "ok", timing.median_ms, problem.tflops(timing.median_ms),
-                                           report.rel, detail, tbps)
+                tflops = self.row_flops(problem) / (timing.median_ms * 1e-3) / 1e12
+                row.cells[provider] = Cell(provider, "ok", timing.median_ms, tflops, report.rel, detail, tbps)
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
             torch.cuda.synchronize()

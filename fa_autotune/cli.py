@@ -464,9 +464,12 @@ def _bench(args: argparse.Namespace) -> int:
         summary = merge([Path(p) for p in args.merge], Path(args.out))
         print(markdown(summary, tuple(summary["providers"])))
         return 0
+    space = load_space(args.space)
+    if args.with_forward and space.kind != "bwd":
+        raise FaAutotuneError(f"--with-forward times backward problems with their forward: use --space bwd "
+                              f"(got the {args.space!r} space, kind {space.kind!r})")
     if not torch.cuda.is_available():
         raise FaAutotuneError("bench compares GPU kernels and needs a CUDA GPU (the interpreter's timings mean nothing)")
-    space = load_space(args.space)
     if args.seqlen is not None:
         problems, name = [problem_from_args(args, kind=space.kind)], "one problem"
     else:
@@ -476,14 +479,14 @@ def _bench(args: argparse.Namespace) -> int:
     if args.match:
         problems, name = _matching(problems, args), f"{name} (problems matching {args.match})"
     providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
-    bench = Bench(providers, args.db, rep_ms=args.rep_ms)
+    bench = Bench(providers, args.db, rep_ms=args.rep_ms, with_forward=args.with_forward)
     ceiling, rows = resume(Path(args.out), providers) if args.resume else (None, [])
     ceiling = ceiling or matmul_ceiling()
     done = {r.problem for r in rows}
     for i, problem in enumerate(problems):
-        if problem.key in done:
+        if bench.row_key(problem) in done:
             continue
-        print(f"[{i + 1}/{len(problems)}] {problem.key}", file=sys.stderr, flush=True)
+        print(f"[{i + 1}/{len(problems)}] {bench.row_key(problem)}", file=sys.stderr, flush=True)
         rows.append(bench.run_problem(problem))
         # Written after every problem: an interrupted run keeps what it measured.
         write(rows, providers, ceiling, Path(args.out), name)
@@ -561,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
+    p.add_argument("--with-forward", action="store_true", help="backward problems (--space bwd): time each "
+                   "provider's forward and backward together, as a training step runs them (TFLOPS count 3.5x "
+                   "the forward's FLOPs)")
     p.add_argument("--out", default="bench-results", help="directory for bench.json, bench.md and bench.png")
     p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
                    "comma-separated parts, e.g. d128,causal")

@@ -40,6 +40,24 @@ def test_unknown_provider_is_an_error():
         Bench(("tuned", "fastest"), None)
 
 
+def test_with_forward_names_backward_rows_and_counts_the_forward():
+    from fa_autotune.spec.problem import Problem
+
+    bwd = Problem(2, 4, 4, 128, 128, 64, "float16", causal=True, kind="bwd")
+    fwd = bwd.with_kind("fwd")
+    step = Bench(("tuned",), None, with_forward=True)
+    assert step.row_key(bwd) == bwd.key + "_with_fwd" and step.row_key(fwd) == fwd.key
+    assert math.isclose(step.row_flops(bwd), 3.5 * fwd.flops) and math.isclose(step.row_flops(fwd), fwd.flops)
+    plain = Bench(("tuned",), None)
+    assert plain.row_key(bwd) == bwd.key and math.isclose(plain.row_flops(bwd), 2.5 * fwd.flops)
+
+
+def test_with_forward_needs_the_backward_space():
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick", "--with-forward"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--with-forward" in result.stderr and "--space bwd" in result.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_bench_refuses_without_a_gpu():
     result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick"],
