@@ -248,7 +248,8 @@ class Bench:
                         continue
                     timing = time_callable(fn, rep_ms=self.rep_ms)
                 tbps = problem.kv_bytes / (timing.median_ms * 1e-3) / 1e12 if problem.decode else None
-                tflops = self.row_flops(problem) / (timing.median_ms * 1e-3) / 1e12
+                ms = timing.median_ms
+                tflops = self.row_flops(problem) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
                 row.cells[provider] = Cell(provider, "ok", timing.median_ms, tflops, report.rel, detail, tbps)
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])

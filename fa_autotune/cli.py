@@ -459,8 +459,9 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
 
     if args.merge:
-        if args.resume or args.match or args.seqlen is not None:
-            raise FaAutotuneError("--merge only reads earlier outputs: it takes no --resume, --match or problem flags")
+        if args.resume or args.match or args.with_forward or args.seqlen is not None:
+            raise FaAutotuneError("--merge only reads earlier outputs: it takes no --resume, --match, --with-forward "
+                                  "or problem flags")
         summary = merge([Path(p) for p in args.merge], Path(args.out))
         print(markdown(summary, tuple(summary["providers"])))
         return 0

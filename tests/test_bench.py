@@ -52,10 +52,40 @@ def test_with_forward_names_backward_rows_and_counts_the_forward():
     assert plain.row_key(bwd) == bwd.key and math.isclose(plain.row_flops(bwd), 2.5 * fwd.flops)
 
 
+def test_with_forward_runs_a_fresh_forward_each_timed_call(monkeypatch):
+    """The timed call of a --with-forward row runs the forward again each time (a training
+    step); a plain backward row runs it once, beforehand."""
+    from fa_autotune.bench import api
+    from fa_autotune.spec.problem import Problem
+
+    forwards = []
+
+    def attention(q, k, v, causal, causal_align="top_left"):
+        forwards.append(1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    monkeypatch.setattr(api, "attention", attention)
+    monkeypatch.setattr(api, "explain", lambda *a, **kw: {"backward": {"kernel": "k", "source": "test"}})
+    problem = Problem(1, 2, 2, 8, 8, 16, "float32", kind="bwd")
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    dout = torch.randn_like(q)
+    for with_forward, per_call in ((True, 1), (False, 0)):
+        forwards.clear()
+        call, _, _ = Bench(("tuned",), None, with_forward=with_forward).backward_callable_for(
+            "tuned", problem, q, k, v, dout)
+        assert len(forwards) == 1  # the forward the row's check and plain timing use
+        grads = [call() for _ in range(3)]
+        assert len(forwards) == 1 + 3 * per_call
+        assert all(torch.allclose(a, b) for a, b in zip(grads[0], grads[-1]))
+
+
 def test_with_forward_needs_the_backward_space():
     result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick", "--with-forward"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--with-forward" in result.stderr and "--space bwd" in result.stderr
+    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", "a", "--with-forward"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--merge only reads" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")

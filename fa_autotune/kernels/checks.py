@@ -118,11 +118,13 @@ def per_block(scale) -> bool:
 
 
 def _check_tma_layout(name: str, t: torch.Tensor) -> None:
+    """What a TMA descriptor asserts of the tensor it addresses: every stride of a size-1 axis
+    too (the descriptor checks them all; such a tensor gets the fallback, not an assertion)."""
     size = t.element_size()
     if t.stride(3) != 1:
         raise ConfigError("access", f"'tensor_desc' needs {name}'s head dim contiguous (stride 1), got strides {t.stride()}")
     for axis, label in ((0, "batch"), (1, "head"), (2, "row")):
-        if t.shape[axis] > 1 and (t.stride(axis) * size) % _TMA_ALIGN:
+        if (t.stride(axis) * size) % _TMA_ALIGN:
             raise ConfigError(
                 "access", f"'tensor_desc' needs 16-byte aligned strides; {name}'s {label} stride is {t.stride(axis) * size} bytes"
             )
@@ -131,7 +133,7 @@ def _check_tma_layout(name: str, t: torch.Tensor) -> None:
 
 
 def tma_layout_ok(t: torch.Tensor) -> bool:
-    """Whether TMA can address ``t`` (B, H, N, D) as it is (what _check_tma_layout demands)."""
+    """Whether a TMA descriptor can address ``t`` (B, H, N, D) as it is (_check_tma_layout)."""
     try:
         _check_tma_layout("tensor", t)
     except ConfigError:

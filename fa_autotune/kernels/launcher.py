@@ -440,8 +440,8 @@ class BackwardPlan:
     call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
     ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
-    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "head_dim_pad", "descriptors",
-                 "acc_descriptor")
+    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "head_dim_pad", "dtype",
+                 "descriptors", "acc_descriptor")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -498,6 +498,7 @@ class BackwardPlan:
         self.rows = batch * heads * n_q
         self.acc_shape = (batch, heads, n_q, flags["HEAD_DIM_PAD"]) if config.dq_atomic else None
         self.head_dim_pad = flags["HEAD_DIM_PAD"]
+        self.dtype = q.dtype
         self.head_dim = head_dim
 
     def calls(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None) -> list[tuple[Launch, tuple]]:
@@ -548,12 +549,13 @@ class BackwardPlan:
     def staged_gradients(self, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """dK and dV as the Gluon pass stores them through TMA: the tensors themselves when TMA
         can address them (those the backward allocates like K and V, which the pass reads
-        through TMA too), else contiguous buffers, padded to HEAD_DIM_PAD, copied out after."""
-        if tma_layout_ok(dk) and tma_layout_ok(dv):
+        through TMA too), else contiguous buffers in q's dtype, padded to HEAD_DIM_PAD, copied
+        (and cast) into them after the pass."""
+        if all(t.dtype == self.dtype and tma_layout_ok(t) for t in (dk, dv)):
             return dk, dv
-        shape = (*dk.shape[:3], self.head_dim_pad)
-        return (torch.empty(shape, device=dk.device, dtype=dk.dtype),
-                torch.empty(shape, device=dv.device, dtype=dv.dtype))
+        shape = (*dk.shape[:3], self.head_dim_pad)  # in the inputs' dtype, as the descriptors store it
+        return (torch.empty(shape, device=dk.device, dtype=self.dtype),
+                torch.empty(shape, device=dv.device, dtype=self.dtype))
 
 
 _SIDE_STREAMS: dict[tuple[int, int], "torch.cuda.Stream"] = {}

@@ -312,6 +312,25 @@ def test_gpu_gluon_backward_stages_gradients_tma_cannot_store(changes):
     assert all(torch.isnan(t[..., 64:]).all() for t in wide)
 
 
+def test_gluon_backward_stages_only_gradients_tma_cannot_store():
+    """Ahead of any GPU (meta tensors): dK and dV go to the Gluon pass as they are when a TMA
+    descriptor can address them in the inputs' dtype; rows whose stride is not a 16-byte
+    multiple (also on a size-1 axis) or another dtype get buffers of the plan's own."""
+    from fa_autotune.spec.defaults import GLUON_BACKWARD
+
+    q, k, v = (torch.empty(2, 4, 96, 64, device="meta", dtype=torch.bfloat16) for _ in range(3))
+    plan = BackwardPlan(GLUON_BACKWARD, q, k, v, q, q, q, k, v, 0.125, 0, True)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    assert plan.staged_gradients(dk, dv) == (dk, dv)
+    narrow = torch.empty(2, 4, 96, 68, device="meta", dtype=torch.bfloat16)[..., :64]  # rows 136 bytes apart
+    one_head = torch.empty_strided((2, 1, 96, 64), (6144, 6148, 64, 1), device="meta", dtype=torch.bfloat16)
+    for bad in (narrow, one_head, dk.float()):
+        staged = plan.staged_gradients(bad, dv)
+        assert all(t is not bad and t.shape == (2, bad.shape[1], 96, 64) and t.dtype == torch.bfloat16
+                   for t in staged[:1])
+        assert staged[1] is not dv  # both go through buffers together
+
+
 def test_gluon_backward_refuses_what_it_cannot_run(device):
     """On the CPU (no Gluon there) and for fp32 the named Gluon backward is a clear error
     before any kernel runs."""
