@@ -79,20 +79,24 @@ def test_with_forward_runs_a_fresh_forward_each_timed_call(monkeypatch):
         assert all(torch.allclose(a, b) for a, b in zip(grads[0], grads[-1]))
 
 
-def test_with_forward_needs_the_backward_space():
-    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick", "--with-forward"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and "--with-forward" in result.stderr and "--space bwd" in result.stderr
-    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", "a", "--with-forward"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and "--merge only reads" in result.stderr
+def test_with_forward_needs_the_backward_space(capsys):
+    """Refused before any GPU is looked for (run in this process: a refusal needs no fresh
+    interpreter)."""
+    from fa_autotune import cli
+
+    for args, message in ((["--preset", "quick", "--with-forward"], "--space bwd"),
+                          (["--merge", "a", "--with-forward"], "--merge only reads")):
+        assert cli.main(["bench", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "--with-forward" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
-def test_bench_refuses_without_a_gpu():
-    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--preset", "quick"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+def test_bench_refuses_without_a_gpu(capsys):
+    from fa_autotune import cli
+
+    assert cli.main(["bench", "--preset", "quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
 ENV = {"gpu": "G", "capability": "9.0", "driver": "1", "date": "2026-11-30 01:00 UTC", "torch": "t", "triton": "x",
@@ -147,11 +151,12 @@ def test_resume_refuses_another_machine_or_provider_set(tmp_path):
         resume(a, ("tuned", "cudnn"))
 
 
-def test_merge_takes_no_measuring_flags(tmp_path):
+def test_merge_takes_no_measuring_flags(tmp_path, capsys):
+    from fa_autotune import cli
+
     a = _bench_dir(tmp_path, "a", [row("p1", "float16", cudnn=1.0, tuned=0.5)])
-    result = subprocess.run([sys.executable, "-m", "fa_autotune", "bench", "--merge", str(a), "--resume",
-                             "--out", str(tmp_path / "m")], capture_output=True, text=True)
-    assert result.returncode == 2 and "--merge only reads earlier outputs" in result.stderr
+    assert cli.main(["bench", "--merge", str(a), "--resume", "--out", str(tmp_path / "m")]) == 2
+    assert "--merge only reads earlier outputs" in capsys.readouterr().err
 
 
 def test_markdown_shows_kv_cache_rows_in_microseconds_and_bandwidth():
