@@ -136,7 +136,8 @@ class Bench:
 
     def row_flops(self, problem: Problem) -> float:
         """FLOPs one timed call does: a backward with its forward adds the forward's (3.5x)."""
-        return problem.flops * 3.5 / 2.5 if self.with_forward and problem.backward else problem.flops
+        return problem.flops + problem.with_kind("fwd").flops if self.with_forward and problem.backward \
+            else problem.flops
 
     def callable_for(self, provider: str, problem: Problem, q, k, v):
         """(fn, context factory or None, detail)."""
