@@ -165,6 +165,33 @@ VARIANT_SETS = {
         **{f"3c r160 pers emu{n}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
                                         persistent=1, exp2_emu=n) for n in (4, 8)},
     },
+    # the consumers taking turns on the tensor cores through named barriers (FlashAttention-3's
+    # warp-scheduler barrier), in the steps-in-turn and the overlapped schedules, beside the
+    # shipped structures
+    "named_pingpong": {
+        "plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False),
+        "plain pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True),
+        "plain 1loop half": dict(D64_PLAIN, half_step=True),
+        "plain 1loop half pp": dict(D64_PLAIN, half_step=True, pingpong=True),
+        "dyn plain 1loop sec16 emu16 half pp": dict(D64_DYN, half_step=True, pingpong=True),
+        "ov pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "ov pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True),
+        "ov pers dyn pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
+    },
+    # the N=1024 causal rows: the shipped structures (D=64 bf16, fp16; D=128) with and without
+    # the named-barrier ping-pong
+    "pingpong_short": {
+        "plain 1loop half": dict(D64_PLAIN, half_step=True),
+        "plain 1loop half pp": dict(D64_PLAIN, half_step=True, pingpong=True),
+        "dyn plain 1loop sec16 emu16 half": dict(D64_DYN, half_step=True),
+        "dyn plain 1loop sec16 emu16 half pp": dict(D64_DYN, half_step=True, pingpong=True),
+        "plain 1loop pp": dict(D64_PLAIN, pingpong=True),
+        "plain pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True),
+        "plain pers pp emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                    pingpong=True, exp2_emu=16),
+        "ov pers sec4": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, section=4),
+        "ov pers sec4 pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, section=4, pingpong=True),
+    },
 }
 
 

@@ -48,11 +48,14 @@ def dense_ms(batch: int, n: int, causal: bool) -> float:
 
 
 def length_mixes() -> dict[str, list[int]]:
-    """The three seeded mixes of sequence lengths every varlen benchmark runs."""
+    """The three seeded mixes of sequence lengths every varlen benchmark runs, and a batch of
+    equal lengths (the dense problem packed: attention_varlen's equal-length causal grid rule,
+    runtime.api.varlen_grid, against dense attention() on the same work)."""
     gen = torch.Generator().manual_seed(0)
     return {"16 seqs 256-4096": torch.randint(256, 4097, (16,), generator=gen).tolist(),
             "64 seqs 64-2048": torch.randint(64, 2049, (64,), generator=gen).tolist(),
-            "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist()}
+            "4 seqs 1024-16384": torch.randint(1024, 16385, (4,), generator=gen).tolist(),
+            "64 seqs of 1024": [1024] * 64}
 
 
 def packed_inputs(lengths: list[int]):

@@ -61,6 +61,9 @@ class KernelReport:
     registers: int | None = None  # per thread, as ptxas allotted them (None: cuobjdump missing)
     stack_bytes: int | None = None  # local stack per thread: nonzero means ptxas spilled registers
     sass: str = ""  # the disassembly, when asked for (compile_variant(..., sass=True))
+    # hardware named-barrier ids the PTX syncs or arrives on: Triton's own (warp specialization
+    # takes the lowest) and a ping-pong variant's pair of turns, which must not collide
+    named_barriers: tuple[int, ...] = ()
 
     @property
     def step_loop_local_memory(self) -> int | None:
@@ -214,7 +217,8 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         registers, stack = resource_usage(compiled.asm.get("cubin", b""))
         reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
                                     _mma_kinds(ptx), instruction_counts(ptx), _setmaxnreg(ptx), registers, stack,
-                                    disassemble(compiled.asm.get("cubin", b"")) if sass else ""))
+                                    disassemble(compiled.asm.get("cubin", b"")) if sass else "",
+                                    named_barriers(ptx)))
         if compiled.metadata.shared > limit:
             return CompileResult(config, "out_of_resources", time.perf_counter() - start, tuple(reports),
                                  f"{fn.__name__} needs {compiled.metadata.shared} bytes of shared memory, limit {limit}")
@@ -225,7 +229,12 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
 INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier.try_wait", "mbarrier.arrive",
                 "tensormap.replace", "cp.async.cg.shared.global", "atom.global", "cp.reduce.async.bulk.tensor",
                 "add.rm.ftz.f32",  # exp2 by polynomial's floor (KernelConfig.exp2_emu)
-                "cp.async.bulk.tensor.4d.global.shared")  # TMA stores (of the rank-4 views), not loads
+                "cp.async.bulk.tensor.4d.global.shared",  # TMA stores (of the rank-4 views), not loads
+                "bar.arrive")  # a named barrier passed without waiting (the ping-pong turns)
+
+
+def named_barriers(ptx: str) -> tuple[int, ...]:
+    return tuple(sorted({int(i) for i in re.findall(r"\b(?:bar\.sync|bar\.arrive|barrier\.sync(?:\.aligned)?)\s+(\d+)", ptx)}))
 
 
 def instruction_counts(ptx: str) -> tuple[tuple[str, int], ...]:

@@ -149,6 +149,9 @@ GLUON_SAMPLE = [
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False, one_loop=True,
                   exp2_emu=16, section=16, half_step=True)),
+    (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
+     KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, one_loop=True, half_step=True,
+                  pingpong=True)),
 ]
 
 
@@ -186,6 +189,13 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert (counts["add.rm.ftz.f32"] > 0) == bool(config.exp2_emu)  # the FMA-unit exp2, only when asked
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
     assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
+    # Ping-pong turns on named barriers 8 and 9 (a bar.sync of one warpgroup, a bar.arrive of
+    # the other), clear of the ids Triton's warp specialization takes for itself.
+    assert (counts["bar.arrive"] > 0) == config.pingpong
+    triton_ids = [i for i in kernel.named_barriers if not (config.pingpong and i in (8, 9))]
+    assert triton_ids and max(triton_ids) < 8, kernel.named_barriers
+    if config.pingpong:
+        assert {8, 9} <= set(kernel.named_barriers)
 
 
 def test_gluon_variants_past_shared_memory_are_statuses():

@@ -19,6 +19,9 @@ KNOBS = {
     "2c-overlap": {},
     "2c-plain": dict(overlap=False),
     "2c-pingpong-persistent": dict(pingpong=True, persistent=1),
+    # ping-pong in the steps-in-turn schedule; with a dynamic grid, turns carry across tiles
+    "2c-plain-pingpong": dict(overlap=False, pingpong=True),
+    "2c-plain-pingpong-one-loop-dynamic": dict(overlap=False, pingpong=True, one_loop=True, persistent=1, dynamic=True),
     "2c-plain-persistent": dict(overlap=False, persistent=1),
     "3c-n64-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1),
     "2c-one-loop-persistent": dict(one_loop=True, persistent=1),
@@ -66,6 +69,7 @@ def test_matrix(knob, shape, dtype):
 # either half of a 128-key tile, bottom-right alignment, empty rows and GQA / MQA.
 HALF_KNOBS = {
     "plain-persistent": dict(overlap=False, half_step=True, persistent=1),
+    "pingpong-one-loop-persistent": dict(overlap=False, pingpong=True, one_loop=True, half_step=True, persistent=1),
     "one-loop-dynamic-emu16-sec16": dict(overlap=False, one_loop=True, persistent=1, dynamic=True, exp2_emu=16,
                                          section=16, half_step=True),
 }

@@ -253,8 +253,8 @@ def test_runs_sharing_a_database_spread_over_the_problems(tuner):
 
 def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     """On Hopper a re-tune of a causal problem measures the default, the incumbent, the
-    incumbent in sections of 4, 8 and 16 heads (persistent Gluon grids only), then the Gluon
-    structures; a non-causal problem gets no section variants."""
+    incumbent with the turns flipped, in sections of 4, 8 and 16 heads (persistent Gluon grids
+    only), then the Gluon structures; a non-causal problem gets no section variants."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
     from fa_autotune.spec.target import GpuInfo
     from fa_autotune.tune.search import warm_starts
@@ -264,8 +264,8 @@ def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     incumbent = GLUON_DEFAULT.with_(persistent=1, section=8)
     starts = warm_starts(causal, hopper, [(causal, incumbent)])
     defaults = defaults_for(causal, hopper)
-    assert starts[:len(defaults) + 3] == defaults + [incumbent, incumbent.with_(section=4),
-                                                    incumbent.with_(section=16)]
+    assert starts[:len(defaults) + 4] == defaults + [incumbent, incumbent.with_(pingpong=True),
+                                                    incumbent.with_(section=4), incumbent.with_(section=16)]
     full = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16")
     assert not any(c.section for c in warm_starts(full, hopper, [(full, incumbent.with_(section=0))]))
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
@@ -292,3 +292,25 @@ def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
     assert not any(c.half_step for c in warm_starts(d128, hopper, [(d128, incumbent)]))
     three = incumbent.with_(consumers=3, consumer_regs=160)  # the space searches half steps with two consumers
     assert not any(c.half_step for c in warm_starts(causal, hopper, [(causal, three)]) if c.consumers == 3)
+
+
+def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
+    """A two-consumer Gluon incumbent (and its half-step form) is measured with ping-pong
+    flipped, before the section variants; three consumers and Triton winners are not."""
+    from fa_autotune.spec.defaults import GLUON_DEFAULT
+    from fa_autotune.spec.target import GpuInfo
+    from fa_autotune.tune.search import warm_starts
+
+    hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+    causal = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", causal=True)
+    incumbent = GLUON_DEFAULT.with_(overlap=False, one_loop=True, persistent=1, section=16)
+    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    flipped = [incumbent.with_(pingpong=True), incumbent.with_(half_step=True, pingpong=True)]
+    assert all(c in starts for c in flipped)
+    assert starts.index(flipped[1]) < starts.index(incumbent.with_(section=4))
+    turning = GLUON_DEFAULT.with_(pingpong=True, persistent=1, section=8)
+    assert turning.with_(pingpong=False) in warm_starts(causal, hopper, [(causal, turning)])
+    three = incumbent.with_(consumers=3, consumer_regs=160)
+    assert not any(c.consumers == 3 and c.pingpong for c in warm_starts(causal, hopper, [(causal, three)]))
+    triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
+    assert not any(c.pingpong for c in warm_starts(causal, hopper, [(causal, triton)]) if c.language == "triton")
