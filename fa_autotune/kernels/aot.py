@@ -61,9 +61,10 @@ class KernelReport:
     registers: int | None = None  # per thread, as ptxas allotted them (None: cuobjdump missing)
     stack_bytes: int | None = None  # local stack per thread: nonzero means ptxas spilled registers
     sass: str = ""  # the disassembly, when asked for (compile_variant(..., sass=True))
-    # hardware named-barrier ids the PTX syncs or arrives on: Triton's own (warp specialization
-    # takes the lowest) and a ping-pong variant's pair of turns, which must not collide
-    named_barriers: tuple[int, ...] = ()
+    # hardware named barriers the PTX syncs or arrives on, as (id, thread count; 0: the whole
+    # CTA) pairs, an id held in a register as -1: Triton's own (warp specialization takes the
+    # lowest ids) and a ping-pong variant's pair of turns (256 threads), which must not collide
+    named_barriers: tuple[tuple[int, int], ...] = ()
 
     @property
     def step_loop_local_memory(self) -> int | None:
@@ -233,8 +234,9 @@ INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarri
                 "bar.arrive")  # a named barrier passed without waiting (the ping-pong turns)
 
 
-def named_barriers(ptx: str) -> tuple[int, ...]:
-    return tuple(sorted({int(i) for i in re.findall(r"\b(?:bar\.sync|bar\.arrive|barrier\.sync(?:\.aligned)?)\s+(\d+)", ptx)}))
+def named_barriers(ptx: str) -> tuple[tuple[int, int], ...]:
+    found = re.findall(r"\b(?:bar|barrier)\.(?:sync|arrive|red\.\w+)(?:\.aligned)?\s+(%?\w+)\s*(?:,\s*(\d+))?", ptx)
+    return tuple(sorted({(int(i) if i.isdigit() else -1, int(n) if n else 0) for i, n in found}))
 
 
 def instruction_counts(ptx: str) -> tuple[tuple[str, int], ...]:

@@ -159,7 +159,9 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
               and c.language == "gluon" and not c.overlap and c.BLOCK_N == 128 and c.consumers == 2
               and not c.half_step]
     starts += halves
-    starts += [c.with_(pingpong=not c.pingpong) for c in winners + halves if c.language == "gluon" and c.consumers == 2]
+    if not (problem.backward or problem.decode):  # the forward kernel's knob
+        starts += [c.with_(pingpong=not c.pingpong) for c in winners + halves
+                   if c.language == "gluon" and c.consumers == 2]
     starts += [c.with_(section=s) for c in winners if problem.causal and c.language == "gluon" and c.persistent
                for s in (4, 8, 16) if s != c.section]
     starts += gluon_candidates(problem, gpu.capability_tuple)

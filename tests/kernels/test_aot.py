@@ -2,6 +2,7 @@
 wgmma, and fit in shared memory; impossible ones are reported as statuses."""
 from __future__ import annotations
 
+import ast
 import pytest
 
 from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many
@@ -189,13 +190,18 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert (counts["add.rm.ftz.f32"] > 0) == bool(config.exp2_emu)  # the FMA-unit exp2, only when asked
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
     assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
-    # Ping-pong turns on named barriers 8 and 9 (a bar.sync of one warpgroup, a bar.arrive of
-    # the other), clear of the ids Triton's warp specialization takes for itself.
-    assert (counts["bar.arrive"] > 0) == config.pingpong
-    triton_ids = [i for i in kernel.named_barriers if not (config.pingpong and i in (8, 9))]
-    assert triton_ids and max(triton_ids) < 8, kernel.named_barriers
-    if config.pingpong:
-        assert {8, 9} <= set(kernel.named_barriers)
+    assert_turns_clear_of_triton(kernel.named_barriers, config.pingpong, counts["bar.arrive"])
+
+
+def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int) -> None:
+    """Ping-pong's turns are named barriers 8 and 9 of both warpgroups' 256 threads (a bar.sync
+    of one, a bar.arrive of the other); Triton's own (warp specialization: a warpgroup's 128
+    threads, or the whole CTA) all sit below them, and none is named by a register."""
+    turns = {(8, 256), (9, 256)}
+    assert (arrives > 0) == pingpong
+    assert turns <= set(barriers) if pingpong else not turns & set(barriers)
+    triton = [b for b in barriers if b not in turns]
+    assert triton and all(0 <= i < 8 for i, _ in triton), barriers
 
 
 def test_gluon_variants_past_shared_memory_are_statuses():
@@ -226,6 +232,7 @@ def test_reports_registers_and_spills():
     # search the tile table themselves; a search loop over a constant range failed to lower)
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1), 1),
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True), 1),
+    (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False, pingpong=True), 4),
 ], ids=lambda v: v.name if isinstance(v, KernelConfig) else f"{v}seq")
 def test_varlen_kernels_compile_for_hopper(tmp_path, config, sequences):
     """attention_varlen's kernel (the Q-outer body over packed sequences; a Gluon config's
@@ -240,7 +247,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
-from fa_autotune.kernels.aot import _specialize
+from fa_autotune.kernels.aot import _specialize, named_barriers
 from fa_autotune.kernels.launcher import VarlenPlan
 from fa_autotune.spec.config import KernelConfig
 config = KernelConfig.from_mapping({config.to_dict()!r})
@@ -255,15 +262,17 @@ source = (GluonASTSource if isinstance(launch.kernel, GluonJITFunction) else AST
 compiled = triton.compile(source(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=launch.options)
 ptx = compiled.asm["ptx"]
-print("wgmma" in ptx, compiled.metadata.shared, "setmaxnreg" in ptx, "cp.async.bulk.tensor" in ptx)
+print("wgmma" in ptx, compiled.metadata.shared, "setmaxnreg" in ptx, "cp.async.bulk.tensor" in ptx,
+      ptx.count("bar.arrive"), repr(named_barriers(ptx)).replace(" ", ""))
 """)
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    uses_wgmma, shared, setmaxnreg, tma = result.stdout.split()
+    uses_wgmma, shared, setmaxnreg, tma, arrives, barriers = result.stdout.split()
     assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]
     if config.language == "gluon":
         assert setmaxnreg == tma == "True"
+        assert_turns_clear_of_triton(ast.literal_eval(barriers), config.pingpong, int(arrives))
 
 
 DECODE_CASES = [

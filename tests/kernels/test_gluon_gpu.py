@@ -22,6 +22,9 @@ KNOBS = {
     # ping-pong in the steps-in-turn schedule; with a dynamic grid, turns carry across tiles
     "2c-plain-pingpong": dict(overlap=False, pingpong=True),
     "2c-plain-pingpong-one-loop-dynamic": dict(overlap=False, pingpong=True, one_loop=True, persistent=1, dynamic=True),
+    "2c-pingpong-dynamic": dict(pingpong=True, persistent=1, dynamic=True),
+    # 64-key steps under 2 x 64-row tiles: with turns, both warpgroups take every step of the tile
+    "2c-n64-plain-pingpong": dict(BLOCK_N=64, overlap=False, pingpong=True),
     "2c-plain-persistent": dict(overlap=False, persistent=1),
     "3c-n64-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1),
     "2c-one-loop-persistent": dict(one_loop=True, persistent=1),
@@ -70,6 +73,7 @@ def test_matrix(knob, shape, dtype):
 HALF_KNOBS = {
     "plain-persistent": dict(overlap=False, half_step=True, persistent=1),
     "pingpong-one-loop-persistent": dict(overlap=False, pingpong=True, one_loop=True, half_step=True, persistent=1),
+    "pingpong-two-loops-persistent": dict(overlap=False, pingpong=True, half_step=True, persistent=1),
     "one-loop-dynamic-emu16-sec16": dict(overlap=False, one_loop=True, persistent=1, dynamic=True, exp2_emu=16,
                                          section=16, half_step=True),
 }

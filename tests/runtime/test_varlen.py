@@ -310,13 +310,15 @@ def test_gpu_gluon_varlen_finds_the_sequence_of_every_tile(dynamic, batch):
 @pytest.mark.gpu
 @HOPPER
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("one_loop, dynamic", [(False, False), (False, True), (True, True)],
-                         ids=["two-loops", "two-loops-dynamic", "one-loop-dynamic"])
-def test_gpu_gluon_varlen_half_steps(one_loop, dynamic, dtype):
+@pytest.mark.parametrize("one_loop, dynamic, pingpong", [(False, False, False), (False, True, False),
+                                                         (True, True, False), (True, True, True)],
+                         ids=["two-loops", "two-loops-dynamic", "one-loop-dynamic", "one-loop-dynamic-pingpong"])
+def test_gpu_gluon_varlen_half_steps(one_loop, dynamic, pingpong, dtype):
     """Half diagonal steps (D <= 64 causal) in the varlen kernel: each sequence's own diagonal,
-    on the grids attention_varlen dispatches a shipped half-step config to (dynamic) and not."""
+    on the grids attention_varlen dispatches a shipped half-step config to (dynamic) and not,
+    also with the consumers taking turns."""
     config = dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, half_step=True,
-                  one_loop=one_loop, dynamic=dynamic)
+                  one_loop=one_loop, dynamic=dynamic, pingpong=pingpong)
     check_named_config(config, [1, 777, 2048, 0, 1500, 64, 129], [300, 777, 2048, 10, 3000, 64, 100], True,
                        head_dim=64, dtype=dtype)
 
