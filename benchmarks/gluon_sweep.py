@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_short]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong]
         [--problems mixed|llm|causal|d64|d64_all|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
@@ -177,20 +177,6 @@ VARIANT_SETS = {
         "ov pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
         "ov pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True),
         "ov pers dyn pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
-    },
-    # the N=1024 causal rows: the shipped structures (D=64 bf16, fp16; D=128) with and without
-    # the named-barrier ping-pong
-    "pingpong_short": {
-        "plain 1loop half": dict(D64_PLAIN, half_step=True),
-        "plain 1loop half pp": dict(D64_PLAIN, half_step=True, pingpong=True),
-        "dyn plain 1loop sec16 emu16 half": dict(D64_DYN, half_step=True),
-        "dyn plain 1loop sec16 emu16 half pp": dict(D64_DYN, half_step=True, pingpong=True),
-        "plain 1loop pp": dict(D64_PLAIN, pingpong=True),
-        "plain pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True),
-        "plain pers pp emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
-                                    pingpong=True, exp2_emu=16),
-        "ov pers sec4": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, section=4),
-        "ov pers sec4 pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, section=4, pingpong=True),
     },
 }
 

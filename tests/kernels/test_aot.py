@@ -3,6 +3,7 @@ wgmma, and fit in shared memory; impossible ones are reported as statuses."""
 from __future__ import annotations
 
 import ast
+
 import pytest
 
 from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many

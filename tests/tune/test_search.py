@@ -298,7 +298,7 @@ def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
     """A two-consumer Gluon incumbent (and its half-step form) is measured with ping-pong
     flipped, before the section variants; three consumers, Triton winners and backward
     problems are not."""
-    from fa_autotune.spec.defaults import GLUON_DEFAULT
+    from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT
     from fa_autotune.spec.target import GpuInfo
     from fa_autotune.tune.search import warm_starts
 
@@ -315,6 +315,6 @@ def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
     assert not any(c.consumers == 3 and c.pingpong for c in warm_starts(causal, hopper, [(causal, three)]))
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
     assert not any(c.pingpong for c in warm_starts(causal, hopper, [(causal, triton)]) if c.language == "triton")
-    from fa_autotune.spec.defaults import GLUON_BACKWARD  # a forward knob: the backward kernel has none
     backward = Problem(4, 16, 16, 1024, 1024, 128, "bfloat16", causal=True, kind="bwd")
+    # a forward knob: the backward kernel has none
     assert not any(c.pingpong for c in warm_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
