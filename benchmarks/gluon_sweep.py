@@ -1,8 +1,8 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong]
-        [--problems mixed|llm|causal|d64|d64_all|short_causal] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c]
+        [--problems mixed|llm|causal|d64|d64_all|d128|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -178,7 +178,35 @@ VARIANT_SETS = {
         "ov pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True),
         "ov pers dyn pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
     },
+    # three consumers (D <= 64, 160 registers) taking turns round robin, against the same
+    # without turns and the two-consumer turns
+    "pingpong_3c": {
+        "2c plain pers pp": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False,
+                                 pingpong=True),
+        **{f"3c {name}{' pp' if pp else ''}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3,
+                                                   consumer_regs=160, persistent=1, pingpong=pp, **knobs)
+           for name, knobs in (("ov pers", {}), ("plain pers", dict(overlap=False)),
+                               ("ov pers dyn", dict(dynamic=True)))
+           for pp in (False, True)},
+        "3c ov pers pp emu16": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
+                                    persistent=1, pingpong=True, exp2_emu=16),
+    },
+    # D=128: three consumers (192 rows share each K/V tile, a third fewer K/V loads per FLOP);
+    # at 160 registers and with one Q buffer (a persistent grid's two overflow shared memory)
+    "d128_3c": {
+        "2c ov pp pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True),
+        **{f"3c n{n} s{s}{'' if ov else ' plain'}{' pp' if pp else ''}": dict(
+            G, BLOCK_M=64, BLOCK_N=n, num_stages=s, consumers=3, consumer_regs=160, overlap=ov, pingpong=pp)
+           for n, s, ov, pp in ((64, 3, True, False), (64, 3, True, True), (64, 3, False, True), (64, 4, False, True),
+                                (128, 2, False, True), (128, 2, True, True))},
+    },
 }
+
+
+def d128_problems(quick: bool) -> list[Problem]:
+    """llm-prefill's D=128 problems, causal and not."""
+    return [Problem(16384 // n, 16, 16, n, n, 128, dtype, causal)
+            for dtype in ("bfloat16", "float16")[:1 if quick else 2] for n in (1024, 4096, 16384) for causal in (False, True)]
 
 
 def d64_all_problems(quick: bool) -> list[Problem]:
@@ -280,7 +308,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
-    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "short_causal"), default="mixed",
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
                              "ones and two GQA; d64: llm-prefill's causal D=64 ones; d64_all: its D=64 ones; short_causal: its N=1024 "
                              "causal ones")
@@ -289,7 +317,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
-              "d64_all": d64_all_problems, "short_causal": short_causal_problems}[args.problems]
+              "d64_all": d64_all_problems, "d128": d128_problems, "short_causal": short_causal_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)

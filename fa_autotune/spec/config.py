@@ -86,8 +86,8 @@ class KernelConfig:
     # producer/consumer schedule written in Gluon (Hopper): a TMA producer warpgroup and
     # `consumers` consumer warpgroups of BLOCK_M query rows each, `consumer_regs` registers
     # per consumer thread (setmaxnreg), the next QK^T issued before this tile's softmax
-    # (`overlap`), two consumers taking turns on the tensor cores through a pair of named
-    # barriers (`pingpong`, with or without the overlap).
+    # (`overlap`), the consumers taking turns on the tensor cores (round robin) through a
+    # named barrier each (`pingpong`, with or without the overlap).
     language: str = "triton"
     consumers: int = 2
     consumer_regs: int = 240
@@ -423,8 +423,8 @@ def _validate_language(cfg: KernelConfig) -> None:
         raise ConfigError("dynamic", "dynamic tile scheduling is for a persistent grid: it needs persistent=1")
     if cfg.section and cfg.persistent != 1:
         raise ConfigError("section", "L2 sections order the tiles of a persistent grid: it needs persistent=1")
-    if cfg.pingpong and cfg.consumers != 2:
-        raise ConfigError("pingpong", "ping-pong alternates two consumer warpgroups: it needs consumers=2")
+    if cfg.pingpong and cfg.consumers < 2:
+        raise ConfigError("pingpong", "ping-pong takes turns between consumer warpgroups: it needs consumers >= 2")
     if cfg.half_step and (cfg.overlap or cfg.BLOCK_N != 128):
         raise ConfigError("half_step", "half steps run in the steps-in-turn schedule over 128-key tiles: they need "
                           "overlap=false and BLOCK_N=128")

@@ -30,7 +30,8 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     without a mask; at D <= 64 the best D=64 structure with part of its exp2 on the FMA units
     (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
     -sweep-consumers.md, -exp2-emu.md); at D <= 64 causal, both with half diagonal steps
-    (2026-12-02-h200-half-step-d64.md)."""
+    (2026-12-02-h200-half-step-d64.md); at D <= 64 three consumers taking turns, and on causal
+    grids two (2026-12-02-h200-pingpong-3c-d64.md)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
             or problem.head_dim_pad > 128 or problem.decode or problem.backward:
         return []
@@ -43,10 +44,16 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
         out.append(GLUON_DEFAULT.with_(overlap=False))
         if problem.head_dim_pad <= 64:
             out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160))
+    if problem.head_dim <= 64:
+        # three consumers in turn, round robin: the best D=64 kernels at N >= 4096 without a
+        # mask and at N=16384 causal (2026-12-02-h200-pingpong-3c-d64.md)
+        out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160, overlap=False, pingpong=True))
     if problem.head_dim <= 64 and problem.causal:  # part of the exp2 on the FMA units (-exp2-emu.md)
         emu = GLUON_DEFAULT.with_(dynamic=True, overlap=False, one_loop=True, exp2_emu=16)
-        # half diagonal steps: the best D=64 causal kernels at N=1024-16384 (-half-step-d64.md)
-        out += [GLUON_DEFAULT.with_(overlap=False, half_step=True), emu.with_(half_step=True), emu]
+        # half diagonal steps: the best D=64 causal kernels at N=1024-16384 (-half-step-d64.md);
+        # two consumers in turn: at or next to cuDNN at N=1024-4096 (-pingpong-3c-d64.md)
+        out += [GLUON_DEFAULT.with_(overlap=False, half_step=True), emu.with_(half_step=True), emu,
+                GLUON_DEFAULT.with_(overlap=False, pingpong=True)]
     elif problem.head_dim <= 64:
         out.append(GLUON_DEFAULT.with_(overlap=False, exp2_emu=8))
     return out

@@ -149,7 +149,7 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     the Gluon structures worth measuring first, then the nearest tuned problems' winners. A
     D <= 64 causal winner in the steps-in-turn schedule with two consumers (as the space
     searches them: three overflowed shared memory) is measured with half steps too (+1-3.5%
-    for each such structure in 2026-12-02-h200-half-step-d64.md); two-consumer Gluon winners
+    for each such structure in 2026-12-02-h200-half-step-d64.md); Gluon winners
     (and those half-step forms) with the consumers taking turns on the tensor cores flipped
     (which schedule wins moves with the head dim, length and mask: 2026-12-02-h200-pingpong-*.md),
     before the L2 sections."""
@@ -161,7 +161,7 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     starts += halves
     if not (problem.backward or problem.decode):  # the forward kernel's knob
         starts += [c.with_(pingpong=not c.pingpong) for c in winners + halves
-                   if c.language == "gluon" and c.consumers == 2]
+                   if c.language == "gluon" and c.consumers >= 2]
     starts += [c.with_(section=s) for c in winners if problem.causal and c.language == "gluon" and c.persistent
                for s in (4, 8, 16) if s != c.section]
     starts += gluon_candidates(problem, gpu.capability_tuple)

@@ -154,6 +154,9 @@ GLUON_SAMPLE = [
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
      KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, one_loop=True, half_step=True,
                   pingpong=True)),
+    (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16"),  # turns round three consumers: barriers 8, 9, 10
+     KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True, consumers=3,
+                  consumer_regs=160)),
 ]
 
 
@@ -191,14 +194,15 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert (counts["add.rm.ftz.f32"] > 0) == bool(config.exp2_emu)  # the FMA-unit exp2, only when asked
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
     assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
-    assert_turns_clear_of_triton(kernel.named_barriers, config.pingpong, counts["bar.arrive"])
+    assert_turns_clear_of_triton(kernel.named_barriers, config.pingpong, counts["bar.arrive"], config.consumers)
 
 
-def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int) -> None:
-    """Ping-pong's turns are named barriers 8 and 9 of both warpgroups' 256 threads (a bar.sync
-    of one, a bar.arrive of the other); Triton's own (warp specialization: a warpgroup's 128
-    threads, or the whole CTA) all sit below them, and none is named by a register."""
-    turns = {(8, 256), (9, 256)}
+def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int, consumers: int = 2) -> None:
+    """Ping-pong's turns are named barriers 8 + WG, one per consumer warpgroup, of two
+    warpgroups' 256 threads (a bar.sync of that warpgroup, a bar.arrive of the one before it);
+    Triton's own (warp specialization: a warpgroup's 128 threads, or the whole CTA) all sit
+    below them, and none is named by a register."""
+    turns = {(8 + wg, 256) for wg in range(consumers)}
     assert (arrives > 0) == pingpong
     assert turns <= set(barriers) if pingpong else not turns & set(barriers)
     triton = [b for b in barriers if b not in turns]
@@ -273,7 +277,7 @@ print("wgmma" in ptx, compiled.metadata.shared, "setmaxnreg" in ptx, "cp.async.b
     assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]
     if config.language == "gluon":
         assert setmaxnreg == tma == "True"
-        assert_turns_clear_of_triton(ast.literal_eval(barriers), config.pingpong, int(arrives))
+        assert_turns_clear_of_triton(ast.literal_eval(barriers), config.pingpong, int(arrives), config.consumers)
 
 
 DECODE_CASES = [

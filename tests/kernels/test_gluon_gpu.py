@@ -36,6 +36,10 @@ KNOBS = {
     "2c-emu4": dict(exp2_emu=4),
     "3c-n64-dynamic": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, dynamic=True),
     "3c-n64-emu16": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, exp2_emu=16),
+    # three consumers taking turns round robin (named barriers 8, 9, 10)
+    "3c-n64-pingpong-persistent": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, pingpong=True),
+    "3c-n64-plain-pingpong-dynamic": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, dynamic=True,
+                                          overlap=False, pingpong=True),
     "2c-n64-s3": dict(BLOCK_N=64, num_stages=3),
     # 64-key steps under 2 x 64-row tiles: each warpgroup stops at its own diagonal
     "2c-n64-dynamic": dict(BLOCK_N=64, persistent=1, dynamic=True),
@@ -95,6 +99,28 @@ def test_half_steps(knob, shape, dtype):
     out, lse = attention(q, k, v, causal=True, causal_align=align, config=dict(BASE, **HALF_KNOBS[knob]),
                          return_lse=True)
     assert_close_to_reference(out, q, k, v, causal=True, causal_align=align, lse=lse)
+
+
+# Three consumers at D <= 64 (as the space searches them: 128-key steps, 160 registers) taking
+# turns round robin: the shipped D=64 kernels at N >= 4096 without a mask and N=16384 causal.
+THREE_KNOBS = {
+    "plain-pingpong-persistent": dict(consumers=3, consumer_regs=160, overlap=False, pingpong=True, persistent=1),
+    "pingpong-persistent": dict(consumers=3, consumer_regs=160, pingpong=True, persistent=1),
+    "plain-pingpong-one-loop-dynamic": dict(consumers=3, consumer_regs=160, overlap=False, pingpong=True,
+                                            one_loop=True, persistent=1, dynamic=True),
+}
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(HALF_SHAPES))
+@pytest.mark.parametrize("knob", list(THREE_KNOBS))
+def test_three_consumers_in_turn(knob, shape, dtype, causal):
+    b, hq, hkv, nq, nk, d, align = HALF_SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **THREE_KNOBS[knob]),
+                         return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
 
 
 @pytest.mark.parametrize("persistent", [0, 1])

@@ -258,6 +258,8 @@ GLUON_VARLEN = {
     # the consumers taking turns (named barriers), shared last tiles included
     "pingpong-dynamic": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, pingpong=True),
     "plain-pingpong": dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True),
+    "3c-n64-pingpong-dynamic": dict(GLUON, BLOCK_N=64, num_stages=2, consumers=3, consumer_regs=160, persistent=1,
+                                    dynamic=True, pingpong=True),
 }
 
 

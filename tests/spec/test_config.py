@@ -75,7 +75,6 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(consumers=4, consumer_regs=120), "consumers"),
     (dict(consumers=3), "consumer_regs"),  # 3 x 240 registers: the producer has none left
     (dict(pingpong=True, consumers=1), "pingpong"),
-    (dict(pingpong=True, consumers=3, consumer_regs=160), "pingpong"),  # turns alternate between two
     (dict(warp_specialize=True), "warp_specialize"),
     (dict(q_tiles=2), "q_tiles"),
     (dict(language="cuda"), "language"),

@@ -48,14 +48,18 @@ def test_one_default_where_gluon_is_not_picked():
                          ids=lambda p: p.key)
 def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
     """The Gluon structures a Hopper tune measures first: the default first, dynamic
-    scheduling on causal grids, three consumers only at D <= 64 without a mask; each a point
-    of the shipped search space for that problem (the warm start enqueues only those)."""
+    scheduling on causal grids, three consumers only at D <= 64 (with and without a mask in
+    turns, without a mask also free-running); each a point of the shipped search space for
+    that problem (the warm start enqueues only those)."""
     from fa_autotune.spec.defaults import gluon_candidates
 
     candidates = gluon_candidates(problem, (9, 0))
     assert candidates[0] == GLUON_DEFAULT and len(set(candidates)) == len(candidates)
     assert any(c.dynamic for c in candidates) == problem.causal
-    assert any(c.consumers == 3 for c in candidates) == (not problem.causal and problem.head_dim <= 64)
+    assert any(c.consumers == 3 for c in candidates) == (problem.head_dim <= 64)
+    assert any(c.consumers == 3 and not c.pingpong for c in candidates) == (not problem.causal
+                                                                            and problem.head_dim <= 64)
+    assert any(c.pingpong for c in candidates) == (problem.head_dim <= 64)
     assert any(c.exp2_emu for c in candidates) == (problem.head_dim <= 64)
     assert any(c.half_step for c in candidates) == (problem.causal and problem.head_dim <= 64)
     grid = set(load_space("fwd").for_arch("sm90").grid(problem))

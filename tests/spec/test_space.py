@@ -132,6 +132,7 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     assert not any(c.one_loop for c in hopper if c.language == "triton")
     d64 = [c for c in space.for_arch("sm90").grid(dataclasses.replace(problem, head_dim=64)) if c.language == "gluon"]
     assert {(c.consumers, c.consumer_regs) for c in d64} == {(2, 232), (2, 240), (3, 160)}
+    assert {c.pingpong for c in d64 if c.consumers == 3} == {False, True}  # turns round three consumers too
     # part of the exp2 on the FMA units only where the MUFU unit bounds the step (D <= 64)
     assert {c.exp2_emu for c in d64} == {0, 8, 16} and {c.exp2_emu for c in gluon} == {0}
     assert not any(c.exp2_emu for c in hopper if c.language == "triton")
