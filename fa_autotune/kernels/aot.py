@@ -63,7 +63,8 @@ class KernelReport:
     sass: str = ""  # the disassembly, when asked for (compile_variant(..., sass=True))
     # hardware named barriers the PTX syncs or arrives on, as (id, thread count; 0: the whole
     # CTA) pairs, an id held in a register as -1: Triton's own (warp specialization takes the
-    # lowest ids) and a ping-pong variant's pair of turns (256 threads), which must not collide
+    # lowest ids) and a ping-pong variant's turns (one per consumer warpgroup, 256 threads each),
+    # which must not collide
     named_barriers: tuple[tuple[int, int], ...] = ()
 
     @property
