@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale]
         [--problems mixed|llm|causal|d64|d64_all|d128|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
@@ -200,7 +200,20 @@ VARIANT_SETS = {
            for n, s, ov, pp in ((64, 3, True, False), (64, 3, True, True), (64, 3, False, True), (64, 4, False, True),
                                 (128, 2, False, True), (128, 2, True, True))},
     },
+    # FlashAttention-4's conditional rescaling (rescale_threshold) on each problem's shipped config
+    "lazy_rescale": {
+        "shipped": lambda problem: _shipped(problem),
+        **{f"shipped lazy{t}": (lambda problem, t=t: dict(_shipped(problem), rescale_threshold=t)) for t in (4, 8)},
+    },
 }
+
+
+def _shipped(problem: Problem) -> dict:
+    """The config the dispatcher picks for the problem (run with FA_AUTOTUNE_DB on an empty
+    database: the shipped file's)."""
+    from fa_autotune.runtime.dispatch import DISPATCHER
+
+    return DISPATCHER.choose(problem, "cuda", 0).config.to_dict()
 
 
 def d128_problems(quick: bool) -> list[Problem]:
@@ -268,9 +281,9 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dic
         fn, context, detail[provider] = bench.callable_for(provider, problem, q, k, v)
         calls[provider], contexts[provider] = fn, context
     for name, params in variants.items():
+        params = dict(params(problem) if callable(params) else params)
         if params.get("causal_mode") == "masked" and not problem.causal:
             continue
-        params = dict(params)
         fraction = params.pop("l2_fraction", launcher.L2_SECTION_FRACTION)
         config = KernelConfig.from_mapping(params)
         saved, launcher.L2_SECTION_FRACTION = launcher.L2_SECTION_FRACTION, fraction

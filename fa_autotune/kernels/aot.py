@@ -232,7 +232,8 @@ INSTRUCTIONS = ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor", "mbarri
                 "tensormap.replace", "cp.async.cg.shared.global", "atom.global", "cp.reduce.async.bulk.tensor",
                 "add.rm.ftz.f32",  # exp2 by polynomial's floor (KernelConfig.exp2_emu)
                 "cp.async.bulk.tensor.4d.global.shared",  # TMA stores (of the rank-4 views), not loads
-                "bar.arrive")  # a named barrier passed without waiting (the ping-pong turns)
+                "bar.arrive",  # a named barrier passed without waiting (the ping-pong turns)
+                "vote.sync.any.pred", "bra.uni KEPT")  # a warp's vote to skip a rescale, its branches (rescale_threshold)
 
 
 def named_barriers(ptx: str) -> tuple[tuple[int, int], ...]:

@@ -70,6 +70,9 @@ class KernelConfig:
     warp_specialize: bool = False
     num_splits: int = 1
     q_tiles: int = 1
+    # Q-outer forward: 0 rescales the accumulator every step; t keeps a row's stale max until
+    # it grows by more than 2**t (FlashAttention-4). Triton: one branch for the whole tile;
+    # Gluon: per row, a warp skipping the rescale while its rows keep theirs.
     rescale_threshold: int = 0
     exp2_poly: bool = False
     persistent: int = 0
@@ -253,6 +256,8 @@ class KernelConfig:
             parts.append(f"emu{self.exp2_emu}")
         if self.half_step:
             parts.append("half")
+        if self.rescale_threshold:
+            parts.append(f"lazy{self.rescale_threshold}")
         return "_".join(parts)
 
     def with_(self, **changes: Any) -> "KernelConfig":
@@ -401,7 +406,7 @@ def _validate_language(cfg: KernelConfig) -> None:
         raise ConfigError("loop_order", "language='gluon' has a Q-outer forward and a backward; use 'q_outer' or "
                           "'backward'")
     required = {"access": "tensor_desc", "num_warps": 4, "warp_specialize": False,
-                "q_tiles": 1, "rescale_threshold": 0, "exp2_poly": False, "tile_order": "seq", "maxnreg": 0}
+                "q_tiles": 1, "exp2_poly": False, "tile_order": "seq", "maxnreg": 0}
     for name, value in required.items():
         if getattr(cfg, name) != value:
             raise ConfigError(name, f"language='gluon' needs {name}={value!r} (its own schedule replaces it)")

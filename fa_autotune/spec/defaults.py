@@ -31,7 +31,8 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
     -sweep-consumers.md, -exp2-emu.md); at D <= 64 causal, both with half diagonal steps
     (2026-12-02-h200-half-step-d64.md); at D <= 64 three consumers taking turns, and on causal
-    grids two (2026-12-02-h200-pingpong-3c-d64.md)."""
+    grids two (2026-12-02-h200-pingpong-3c-d64.md); past D=64 the default with lazy rescaling
+    (2026-12-02-h200-lazy-rescale.md)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
             or problem.head_dim_pad > 128 or problem.decode or problem.backward:
         return []
@@ -56,6 +57,8 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
                 GLUON_DEFAULT.with_(overlap=False, pingpong=True)]
     elif problem.head_dim <= 64:
         out.append(GLUON_DEFAULT.with_(overlap=False, exp2_emu=8))
+    else:  # a warp skips the rescale while its rows keep their max: +1-2% at D=128 (-lazy-rescale.md)
+        out.append(GLUON_DEFAULT.with_(rescale_threshold=8))
     return out
 
 

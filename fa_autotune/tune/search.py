@@ -152,6 +152,7 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     for each such structure in 2026-12-02-h200-half-step-d64.md); Gluon winners
     (and those half-step forms) with the consumers taking turns on the tensor cores flipped
     (which schedule wins moves with the head dim, length and mask: 2026-12-02-h200-pingpong-*.md),
+    and Gluon winners with lazy rescaling flipped (-2 to +2% by problem: -lazy-rescale.md),
     before the L2 sections."""
     winners = [c for p, c in tuned if p == problem]
     starts = defaults_for(problem, gpu) + winners
@@ -159,9 +160,11 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
               and c.language == "gluon" and not c.overlap and c.BLOCK_N == 128 and c.consumers == 2
               and not c.half_step]
     starts += halves
-    if not (problem.backward or problem.decode):  # the forward kernel's knob
+    if not (problem.backward or problem.decode):  # the forward kernel's knobs
         starts += [c.with_(pingpong=not c.pingpong) for c in winners + halves
                    if c.language == "gluon" and c.consumers >= 2]
+        starts += [c.with_(rescale_threshold=0 if c.rescale_threshold else 8) for c in winners
+                   if c.language == "gluon"]
     starts += [c.with_(section=s) for c in winners if problem.causal and c.language == "gluon" and c.persistent
                for s in (4, 8, 16) if s != c.section]
     starts += gluon_candidates(problem, gpu.capability_tuple)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 import pytest
+import triton
 
 from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many
 from fa_autotune.spec.config import KernelConfig
@@ -157,6 +158,10 @@ GLUON_SAMPLE = [
     (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16"),  # turns round three consumers: barriers 8, 9, 10
      KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, pingpong=True, consumers=3,
                   consumer_regs=160)),
+    (FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, rescale_threshold=8)),
+    (Problem(2, 32, 32, 4096, 4096, 64, "bfloat16", causal=True),
+     KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True, consumers=3, consumer_regs=160,
+                  rescale_threshold=8)),
 ]
 
 
@@ -195,6 +200,11 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     assert any(m.startswith(f"m64n{config.BLOCK_N}k16") for m in kernel.mma)
     assert (counts["atom.global"] > 0) == config.dynamic  # a dynamic grid's tile counter
     assert_turns_clear_of_triton(kernel.named_barriers, config.pingpong, counts["bar.arrive"], config.consumers)
+    # conditional rescaling: one vote per rescale and, behind it, one warp-uniform branch per 16
+    # accumulator values a thread holds (a vote split per row would let a warp skip rows that moved)
+    per_vote = config.BLOCK_M * max(16, triton.next_power_of_2(problem.head_dim)) // 128 // 16
+    assert counts["vote.sync.any.pred"] > 0 if config.rescale_threshold else counts["vote.sync.any.pred"] == 0
+    assert counts["bra.uni KEPT"] == per_vote * counts["vote.sync.any.pred"]
 
 
 def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int, consumers: int = 2) -> None:

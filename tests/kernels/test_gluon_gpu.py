@@ -45,6 +45,11 @@ KNOBS = {
     "2c-n64-dynamic": dict(BLOCK_N=64, persistent=1, dynamic=True),
     "2c-n64-plain": dict(BLOCK_N=64, overlap=False),  # two loops; a warpgroup past N_Q runs neither
     "2c-n64-plain-one-loop-dynamic": dict(BLOCK_N=64, overlap=False, one_loop=True, persistent=1, dynamic=True),
+    # conditional rescaling (a warp skips the accumulator's rescale while its rows keep their max)
+    "2c-lazy8-persistent": dict(rescale_threshold=8, persistent=1),
+    "2c-plain-pingpong-one-loop-lazy4": dict(overlap=False, pingpong=True, one_loop=True, rescale_threshold=4),
+    "3c-n64-pingpong-lazy8": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, pingpong=True,
+                                  rescale_threshold=8),
     "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
     "1c-m64-masked": dict(consumers=1, causal_mode="masked", num_stages=3),
 }
@@ -121,6 +126,32 @@ def test_three_consumers_in_turn(knob, shape, dtype, causal):
     out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **THREE_KNOBS[knob]),
                          return_lse=True)
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+LAZY_KNOBS = {
+    "overlap-persistent": dict(persistent=1),
+    "plain-pingpong-half-dynamic": dict(overlap=False, pingpong=True, half_step=True, persistent=1, dynamic=True),
+    "3c-pingpong-emu8": dict(consumers=3, consumer_regs=160, pingpong=True, persistent=1, exp2_emu=8),
+}
+
+
+@pytest.mark.parametrize("threshold", [1, 8, 15])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("knob", list(LAZY_KNOBS))
+def test_lazy_rescale_with_growing_scores(knob, dtype, threshold):
+    """Conditional rescaling where row maxima keep growing: keys grow along the sequence, and
+    query rows alternate in blocks of 16 (a warp's rows of a 64-row tile) between flat scores
+    (every warp of theirs keeps its max: the rescale skipped) and sharp ones (maxima move by
+    more than the threshold again and again: rescaled), at 1, 8 and fp16's limit of 15."""
+    b, hq, hkv, nq, nk, d = 2, 4, 2, 1000, 3000, 64
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    k = k * torch.linspace(0.25, 4.0, nk, device="cuda", dtype=dtype).view(1, 1, nk, 1)
+    sharp = (torch.arange(nq, device="cuda") // 16 % 2).to(dtype) * 3.0 + 0.05
+    q = q * sharp.view(1, 1, nq, 1)
+    for causal in (False, True):
+        out, lse = attention(q, k, v, causal=causal, causal_align="bottom_right",
+                             config=dict(BASE, rescale_threshold=threshold, **LAZY_KNOBS[knob]), return_lse=True)
+        assert_close_to_reference(out, q, k, v, causal=causal, causal_align="bottom_right", lse=lse)
 
 
 @pytest.mark.parametrize("persistent", [0, 1])

@@ -53,6 +53,7 @@ def test_gluon_names_spell_the_schedule():
     assert KernelConfig(**GLUON, one_loop=True).name.endswith("_ov_1loop")
     assert KernelConfig(**GLUON, exp2_emu=8).name.endswith("_ov_emu8")
     assert KernelConfig(**GLUON, persistent=1, dynamic=True, section=8).name.endswith("_ov_pers1_dyn_sec8")
+    assert KernelConfig(**GLUON, pingpong=True, rescale_threshold=8).name.endswith("_ov_pp_lazy8")
 
 
 def test_triton_configs_keep_their_canonical_json():
@@ -83,6 +84,8 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(exp2_emu=3), "exp2_emu"),  # not a divisor of any thread's score count
     (dict(exp2_emu=True), "exp2_emu"),
     (dict(loop_order="backward", BLOCK_N=64, exp2_emu=8), "exp2_emu"),  # the backward has no such step
+    (dict(loop_order="backward", BLOCK_N=64, rescale_threshold=8), "rescale_threshold"),  # nor a running max
+    (dict(rescale_threshold=17), "rescale_threshold"),
     (dict(section=4), "section"),  # sections order a persistent grid's tiles
     (dict(persistent=1, section=-1), "section"),
     (dict(persistent=1, section=True), "section"),

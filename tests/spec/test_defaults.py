@@ -62,6 +62,7 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
     assert any(c.pingpong for c in candidates) == (problem.head_dim <= 64)
     assert any(c.exp2_emu for c in candidates) == (problem.head_dim <= 64)
     assert any(c.half_step for c in candidates) == (problem.causal and problem.head_dim <= 64)
+    assert any(c.rescale_threshold for c in candidates) == (problem.head_dim > 64)
     grid = set(load_space("fwd").for_arch("sm90").grid(problem))
     assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
     assert gluon_candidates(problem, (8, 0)) == gluon_candidates(problem, None) == []

@@ -136,6 +136,9 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     # part of the exp2 on the FMA units only where the MUFU unit bounds the step (D <= 64)
     assert {c.exp2_emu for c in d64} == {0, 8, 16} and {c.exp2_emu for c in gluon} == {0}
     assert not any(c.exp2_emu for c in hopper if c.language == "triton")
+    # lazy rescaling by warps: every Gluon forward searches it, Triton's (0.94x) never
+    assert {c.rescale_threshold for c in gluon} == {0, 8}
+    assert not any(c.rescale_threshold for c in hopper if c.language == "triton")
     assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
     for dtype in ("float32", "float8_e4m3fn"):
         assert not any(c.language == "gluon" for c in space.for_arch("sm90").grid(problem.with_dtype(dtype)))

@@ -253,8 +253,9 @@ def test_runs_sharing_a_database_spread_over_the_problems(tuner):
 
 def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     """On Hopper a re-tune of a causal problem measures the default, the incumbent, the
-    incumbent with the turns flipped, in sections of 4, 8 and 16 heads (persistent Gluon grids
-    only), then the Gluon structures; a non-causal problem gets no section variants."""
+    incumbent with the turns flipped, with lazy rescaling, in sections of 4, 8 and 16 heads
+    (persistent Gluon grids only), then the Gluon structures; a non-causal problem gets no
+    section variants."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
     from fa_autotune.spec.target import GpuInfo
     from fa_autotune.tune.search import warm_starts
@@ -264,7 +265,8 @@ def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     incumbent = GLUON_DEFAULT.with_(persistent=1, section=8)
     starts = warm_starts(causal, hopper, [(causal, incumbent)])
     defaults = defaults_for(causal, hopper)
-    assert starts[:len(defaults) + 4] == defaults + [incumbent, incumbent.with_(pingpong=True),
+    assert starts[:len(defaults) + 5] == defaults + [incumbent, incumbent.with_(pingpong=True),
+                                                    incumbent.with_(rescale_threshold=8),
                                                     incumbent.with_(section=4), incumbent.with_(section=16)]
     full = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16")
     assert not any(c.section for c in warm_starts(full, hopper, [(full, incumbent.with_(section=0))]))
@@ -316,5 +318,8 @@ def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
     assert not any(c.pingpong for c in warm_starts(causal, hopper, [(causal, triton)]) if c.language == "triton")
     backward = Problem(4, 16, 16, 1024, 1024, 128, "bfloat16", causal=True, kind="bwd")
-    # a forward knob: the backward kernel has none
-    assert not any(c.pingpong for c in warm_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
+    # forward knobs: the backward kernel has none
+    assert not any(c.pingpong or c.rescale_threshold
+                   for c in warm_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
+    lazy = incumbent.with_(rescale_threshold=8)  # lazy rescaling flipped both ways
+    assert lazy.with_(rescale_threshold=0) in warm_starts(causal, hopper, [(causal, lazy)])
