@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default]
         [--problems mixed|llm|causal|d64|d64_all|d128|short_causal] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
@@ -204,6 +204,13 @@ VARIANT_SETS = {
     "lazy_rescale": {
         "shipped": lambda problem: _shipped(problem),
         **{f"shipped lazy{t}": (lambda problem, t=t: dict(_shipped(problem), rescale_threshold=t)) for t in (4, 8)},
+    },
+    # the same on the Gluon default (what an untuned problem, e.g. any GQA one, runs)
+    "lazy_default": {
+        "default": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
+        "default lazy8": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, rescale_threshold=8),
+        "default pp lazy8": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True,
+                                 rescale_threshold=8),
     },
 }
 
