@@ -4,7 +4,7 @@ the first 20-call batch's time (clocks still high) beside the sustained time, wi
 median clock and power over the run. Long attention problems hit the board's power limit,
 so their sustained speed is set by work per joule, not by the schedule alone.
 
-    python3 benchmarks/sustained_clocks.py --batch 1 --heads 16 --seqlen 16384 --head-dim 128 [--causal]
+    python3 benchmarks/sustained_clocks.py --batch 1 --heads 16 --seqlen 16384 --head-dim 128 [--causal] [--dtype float16]
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def main() -> int:
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--providers", default="tuned,cudnn")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=2.0)
@@ -36,7 +37,7 @@ def main() -> int:
     from fa_autotune.tune.inputs import random_inputs
     from fa_autotune.tune.reference import compare, reference_attention
 
-    problem = Problem(args.batch, args.heads, args.heads, args.seqlen, args.seqlen, args.head_dim, "bfloat16",
+    problem = Problem(args.batch, args.heads, args.heads, args.seqlen, args.seqlen, args.head_dim, args.dtype,
                       causal=args.causal, kind="fwd")
     q, k, v = random_inputs(problem, "cuda")
     ref, _ = reference_attention(q, k, v, causal=problem.causal)

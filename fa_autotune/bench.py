@@ -58,6 +58,9 @@ class Cell:
     rel_error: float | None = None
     detail: str = ""
     tbps: float | None = None  # KV-cache problems: K/V bytes read per second, in TB/s
+    # --rounds > 1: each round's median (ms), the providers of a row taking turns round by
+    # round; ``ms`` is their median.
+    round_ms: list[float] | None = None
 
 
 @dataclass
@@ -68,9 +71,19 @@ class Row:
 
     def ratio(self, provider: str) -> float | None:
         a, b = self.cells.get(provider), self.cells.get(BASELINE)
-        if a and b and a.ms and b.ms:
-            return b.ms / a.ms
+        return cell_ratio(asdict(a), asdict(b)) if a and b else None
+
+
+def cell_ratio(cell: dict, base: dict) -> float | None:
+    """How many times faster than ``base`` (cells as dicts, as bench.json holds them): the
+    median of the rounds' ratios where both were timed in the same rounds (a clock or power
+    drift between rounds then cancels), else the ratio of the medians."""
+    if not cell.get("ms") or not base.get("ms"):
         return None
+    mine, theirs = cell.get("round_ms") or [], base.get("round_ms") or []
+    if len(mine) > 1 and len(mine) == len(theirs):
+        return statistics.median(b / a for a, b in zip(mine, theirs))
+    return base["ms"] / cell["ms"]
 
 
 class Unavailable(Exception):
@@ -122,11 +135,13 @@ def _flex(problem: Problem, q, k, v):
 
 class Bench:
     def __init__(self, providers: tuple[str, ...], db_url: str | None, tutorial_trials: int | None = None,
-                 rep_ms: float = 200.0, with_forward: bool = False) -> None:
+                 rep_ms: float = 200.0, with_forward: bool = False, rounds: int = 1) -> None:
         unknown = set(providers) - set(PROVIDERS)
         if unknown:
             raise FaAutotuneError(f"unknown provider(s) {sorted(unknown)}; choose from {', '.join(PROVIDERS)}")
-        self.providers, self.db_url, self.rep_ms = providers, db_url, rep_ms
+        if rounds < 1:
+            raise FaAutotuneError(f"rounds must be at least 1, got {rounds}")
+        self.providers, self.db_url, self.rep_ms, self.rounds = providers, db_url, rep_ms, rounds
         self.tutorial_trials = tutorial_trials
         self.with_forward = with_forward
 
@@ -238,23 +253,40 @@ class Bench:
         return self._row(problem, lambda p: self.callable_for(p, problem, q, k, v), lambda out: compare(out, ref))
 
     def _row(self, problem: Problem, make: Callable, judge: Callable) -> Row:
+        """Each provider checked, then timed: with rounds > 1 the checked providers take turns,
+        one timing each per round, so drifting clocks (long problems run into the board's
+        power limit) weigh on all of them alike."""
         row = Row(self.row_key(problem), problem.dtype)
+        timed: dict[str, tuple[Callable, Callable | None, float, str]] = {}
         for provider in self.providers:
             try:
                 fn, context, detail = make(provider)
                 with (context() if context else contextlib.nullcontext()):
                     report = judge(fn())
-                    if not report.passes(problem.dtype):
-                        row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
-                        continue
-                    timing = time_callable(fn, rep_ms=self.rep_ms)
-                tbps = problem.kv_bytes / (timing.median_ms * 1e-3) / 1e12 if problem.decode else None
-                ms = timing.median_ms
-                tflops = self.row_flops(problem) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
-                row.cells[provider] = Cell(provider, "ok", timing.median_ms, tflops, report.rel, detail, tbps)
+                if report.passes(problem.dtype):
+                    timed[provider] = (fn, context, report.rel, detail)
+                else:
+                    row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
             torch.cuda.synchronize()
+        rounds: dict[str, list[float]] = {p: [] for p in timed}
+        for _ in range(self.rounds):
+            for provider, (fn, context, _, detail) in list(timed.items()):
+                try:
+                    with (context() if context else contextlib.nullcontext()):
+                        rounds[provider].append(time_callable(fn, rep_ms=self.rep_ms).median_ms)
+                except Exception as exc:
+                    row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
+                    del timed[provider]
+                torch.cuda.synchronize()
+        for provider, (_, _, rel, detail) in timed.items():
+            ms = statistics.median(rounds[provider])
+            tbps = problem.kv_bytes / (ms * 1e-3) / 1e12 if problem.decode else None
+            tflops = self.row_flops(problem) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+            row.cells[provider] = Cell(provider, "ok", ms, tflops, rel, detail, tbps,
+                                       rounds[provider] if self.rounds > 1 else None)
+        row.cells = {p: row.cells[p] for p in self.providers if p in row.cells}
         return row
 
 
@@ -285,10 +317,10 @@ def _geo(values: list[float]) -> float | None:
 
 
 def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: Path, preset: str,
-          env: dict | None = None, runs: int = 1) -> dict:
+          env: dict | None = None, runs: int = 1, rounds: int = 1) -> dict:
     env = env or environment()
     summary = {"environment": env, "preset": preset, "bf16_matmul_tflops": ceiling, "baseline": BASELINE,
-               "providers": list(providers), "runs": runs,
+               "providers": list(providers), "runs": runs, "rounds": rounds,
                "geomeans": geomeans(rows, providers),
                "rows": [{"problem": r.problem, "dtype": r.dtype, "cells": {k: asdict(c) for k, c in r.cells.items()}}
                         for r in rows]}
@@ -338,11 +370,12 @@ def merge(paths: list[Path], out_dir: Path) -> dict:
     ceiling = statistics.median(part["bf16_matmul_tflops"] for part in parts)
     preset = " + ".join(dict.fromkeys(part["preset"] for part in parts))
     env = dict(first, date=max(part["environment"]["date"] for part in parts))
+    rounds = {part.get("rounds", 1) for part in parts}
     return write(list(rows.values()), providers, ceiling, out_dir, preset, env,
-                 sum(part.get("runs", 1) for part in parts))
+                 sum(part.get("runs", 1) for part in parts), rounds.pop() if len(rounds) == 1 else 0)
 
 
-def resume(out_dir: Path, providers: tuple[str, ...]) -> tuple[float | None, list[Row]]:
+def resume(out_dir: Path, providers: tuple[str, ...], rounds: int = 1) -> tuple[float | None, list[Row]]:
     """(matmul ceiling, rows) already measured in ``out_dir`` by a run this one may continue:
     same providers, GPU and software; (None, []) when there is nothing to continue."""
     if not (out_dir / "bench.json").exists():
@@ -354,6 +387,9 @@ def resume(out_dir: Path, providers: tuple[str, ...]) -> tuple[float | None, lis
     if tuple(previous["providers"]) != providers:
         raise FaAutotuneError(f"--resume: {out_dir} was measured with providers {previous['providers']}, "
                               f"not {list(providers)}")
+    if previous.get("rounds", 1) != rounds:
+        raise FaAutotuneError(f"--resume: {out_dir} was measured with --rounds {previous.get('rounds', 1)}, "
+                              f"not {rounds}")
     here = environment()
     differs = [k for k in _SAME_STACK if previous["environment"].get(k) != here.get(k)]
     if differs:
@@ -373,7 +409,8 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
                if summary.get("runs", 1) > 1 else []),
              "TFLOPS (ratio to cuDNN); KV-cache problems (`_kvcache`, `_paged<P>`) in microseconds and TB/s "
              "of K/V read, fa_autotune reading the cache as laid out, SDPA and Flex dense (B, H, N, D) K/V. "
-             "Every output checked against a float32 reference before timing.", "",
+             "Every output checked against a float32 reference before timing." + _rounds_note(summary.get("rounds", 1)),
+             "",
              "| problem | " + " | ".join(providers) + " |", "|---" * (len(providers) + 1) + "|"]
     for r in summary["rows"]:
         cells = []
@@ -383,7 +420,8 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
             if not c or c["status"] != "ok":
                 cells.append(c["status"] if c else "-")
                 continue
-            ratio = f" ({base['ms'] / c['ms']:.2f}x)" if base.get("ms") else ""
+            r_ = cell_ratio(c, base) if base else None
+            ratio = f" ({r_:.2f}x)" if r_ else ""
             if c.get("tbps"):  # KV-cache problems: time and K/V bandwidth
                 cells.append(f"{c['ms'] * 1e3:.0f} us, {c['tbps']:.2f} TB/s{ratio}")
             else:
@@ -404,6 +442,15 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
                             if p in ("tuned", "default", "tutorial") and c["status"] == "ok")
         lines.append(f"- {r['problem']}: {details}")
     return "\n".join(lines) + "\n"
+
+
+def _rounds_note(rounds: int) -> str:
+    if rounds == 1:
+        return ""
+    if rounds == 0:
+        return " Runs merged here timed different numbers of rounds (see bench.json)."
+    return (f" Each problem's providers took turns over {rounds} rounds, one timing each per round: the time shown "
+            "is the median of its rounds, the ratio the median of the rounds' ratios.")
 
 
 def _plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:

@@ -459,9 +459,9 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
 
     if args.merge:
-        if args.resume or args.match or args.with_forward or args.seqlen is not None:
-            raise FaAutotuneError("--merge only reads earlier outputs: it takes no --resume, --match, --with-forward "
-                                  "or problem flags")
+        if args.resume or args.match or args.with_forward or args.seqlen is not None or args.rounds != 1:
+            raise FaAutotuneError("--merge only reads earlier outputs: it takes no --resume, --match, --with-forward, "
+                                  "--rounds or problem flags")
         summary = merge([Path(p) for p in args.merge], Path(args.out))
         print(markdown(summary, tuple(summary["providers"])))
         return 0
@@ -480,8 +480,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.match:
         problems, name = _matching(problems, args), f"{name} (problems matching {args.match})"
     providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
-    bench = Bench(providers, args.db, rep_ms=args.rep_ms, with_forward=args.with_forward)
-    ceiling, rows = resume(Path(args.out), providers) if args.resume else (None, [])
+    bench = Bench(providers, args.db, rep_ms=args.rep_ms, with_forward=args.with_forward, rounds=args.rounds)
+    ceiling, rows = resume(Path(args.out), providers, args.rounds) if args.resume else (None, [])
     ceiling = ceiling or matmul_ceiling()
     done = {r.problem for r in rows}
     for i, problem in enumerate(problems):
@@ -490,8 +490,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"[{i + 1}/{len(problems)}] {bench.row_key(problem)}", file=sys.stderr, flush=True)
         rows.append(bench.run_problem(problem))
         # Written after every problem: an interrupted run keeps what it measured.
-        write(rows, providers, ceiling, Path(args.out), name)
-    print(markdown(write(rows, providers, ceiling, Path(args.out), name), providers))
+        write(rows, providers, ceiling, Path(args.out), name, rounds=args.rounds)
+    print(markdown(write(rows, providers, ceiling, Path(args.out), name, rounds=args.rounds), providers))
     return 0
 
 
@@ -565,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
+    p.add_argument("--rounds", type=int, default=1, help="times each provider is timed per problem, the providers "
+                   "taking turns (ratio: the median of the rounds' ratios); more rounds settle near-equal ratios "
+                   "that clock and power drift would otherwise decide")
     p.add_argument("--with-forward", action="store_true", help="backward problems (--space bwd): time each "
                    "provider's forward and backward together, as a training step runs them (TFLOPS count 3.5x "
                    "the forward's FLOPs)")

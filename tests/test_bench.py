@@ -172,3 +172,67 @@ def test_markdown_shows_kv_cache_rows_in_microseconds_and_bandwidth():
     text = markdown(summary, ("tuned", "cudnn", "tutorial"))
     assert f"| {key} | 137 us, 3.92 TB/s (1.00x) | 137 us, 3.93 TB/s (1.00x) | unavailable |" in text
     assert "tuned: attn_decode_m16n64_w4s4_cband_x16" in text and "tutorial:" not in text.split("Configs used")[1]
+
+
+def test_rounds_take_turns_and_the_ratio_is_the_median_of_the_rounds(monkeypatch):
+    """--rounds 3: every checked provider timed once per round, in turn; a drift that slows
+    both alike in one round leaves the ratio alone, a wrong provider is never timed."""
+    import fa_autotune.bench as bench
+    from fa_autotune.tune.measure import Timing
+    from fa_autotune.spec.problem import Problem
+
+    calls = []
+    # (provider, round) -> ms: round 1 runs everything 30% slower (the board's power limit).
+    times = {("tuned", 0): 1.0, ("cudnn", 0): 1.1, ("tuned", 1): 1.3, ("cudnn", 1): 1.43,
+             ("tuned", 2): 1.0, ("cudnn", 2): 0.9}
+
+    def fake_time(fn, rep_ms):
+        name = fn()
+        calls.append(name)
+        ms = times[(name, calls.count(name) - 1)]
+        return Timing(ms, ms, ms)
+
+    class Report:
+        rel = 1e-3
+
+        def __init__(self, ok):
+            self.ok = ok
+
+        def passes(self, dtype):
+            return self.ok
+
+    monkeypatch.setattr(bench, "time_callable", fake_time)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    problem = Problem(1, 2, 2, 64, 64, 32, "float16")
+    b = Bench(("tuned", "cudnn", "flash"), None, rounds=3)
+    r = b._row(problem, lambda p: ((lambda p=p: p), None, p), lambda out: Report(out != "flash"))
+    assert calls == ["tuned", "cudnn"] * 3  # flash failed its check: checked once, not timed
+    assert r.cells["flash"].status == "wrong_result" and list(r.cells) == ["tuned", "cudnn", "flash"]
+    assert r.cells["tuned"].round_ms == [1.0, 1.3, 1.0] and r.cells["tuned"].ms == 1.0
+    assert math.isclose(r.ratio("tuned"), 1.1)  # median of 1.1, 1.1, 0.9; medians' ratio would say 1.1 too
+    with pytest.raises(FaAutotuneError, match="rounds"):
+        Bench(("tuned",), None, rounds=0)
+
+
+def test_ratio_of_rounds_differs_from_ratio_of_medians():
+    """The rounds' ratio pairs each round's timings; the medians' ratio would mix rounds."""
+    from fa_autotune.bench import cell_ratio
+
+    tuned = {"ms": 1.2, "round_ms": [1.0, 1.2, 1.5]}
+    cudnn = {"ms": 1.2, "round_ms": [1.05, 1.26, 1.2]}
+    assert math.isclose(cell_ratio(tuned, cudnn), 1.05)  # ratios 1.05, 1.05, 0.8
+    assert math.isclose(cell_ratio(dict(tuned, round_ms=None), cudnn), 1.0)
+    assert cell_ratio({"ms": None}, cudnn) is None
+
+
+def test_markdown_and_resume_know_the_rounds(tmp_path):
+    from fa_autotune.bench import resume, write
+
+    rows = [Row("p", "float16", {"tuned": Cell("tuned", "ok", 1.0, 1.0, 1e-3, "t", None, [1.0, 1.1, 0.9]),
+                                 "cudnn": Cell("cudnn", "ok", 1.0, 1.0, 1e-3, "c", None, [1.1, 1.1, 1.0])})]
+    summary = write(rows, ("tuned", "cudnn"), 700.0, tmp_path / "r", "quick", dict(ENV), rounds=3)
+    text = (tmp_path / "r" / "bench.md").read_text()
+    assert summary["rounds"] == 3 and "took turns over 3 rounds" in text
+    assert "| p | 1 (1.10x) | 1 (1.00x) |" in text  # median of 1.1, 1.0, 1.11
+    with pytest.raises(FaAutotuneError, match="--rounds 3, not 1"):
+        resume(tmp_path / "r", ("tuned", "cudnn"), 1)
