@@ -5,9 +5,12 @@ the GPU time of every kernel it launched is averaged per call, beside the call's
 
     python3 benchmarks/kernel_breakdown.py --head-dim 128 --seqlen 4096 --backward --out DIR
     python3 benchmarks/kernel_breakdown.py --head-dim 64 --seqlen 1024 --causal --providers tuned,cudnn
+    python3 benchmarks/kernel_breakdown.py --decode --batch 128 --seqlen 1024   # one token, H_q 32, H_kv 8
 
 Shapes follow llm-prefill (hidden 2048: heads = 2048 / head_dim; batch x seqlen = 16384, or
-``--batch``). Each kernel's launch (grid, block, shared memory, registers) is read from the
+``--batch``); ``--decode``: one query token per sequence against a contiguous KV cache of
+``--seqlen`` keys (``--heads`` / ``--kv-heads``, default 32 / 8), as ``fa-autotune bench
+--space decode`` runs it. Each kernel's launch (grid, block, shared memory, registers) is read from the
 profiler's trace and printed beside it: another provider's tiling, seen from outside. Each
 output is checked against float32 first. The L2 is flushed before each call, as the bench does,
 by a kernel the table leaves out.
@@ -64,6 +67,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
     parser.add_argument("--providers", default="tuned,cudnn")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--decode", action="store_true")
+    parser.add_argument("--heads", type=int, default=32, help="--decode: query heads")
+    parser.add_argument("--kv-heads", type=int, default=8, help="--decode: KV heads")
     parser.add_argument("--out", type=Path, help="folder for the JSON (appended to breakdown.json)")
     args = parser.parse_args()
 
@@ -72,16 +78,26 @@ def main() -> int:
 
     from fa_autotune.bench import Bench
     from fa_autotune.spec.problem import Problem
-    from fa_autotune.tune.inputs import random_inputs
+    from fa_autotune.tune.inputs import TrialInputs, random_inputs
     from fa_autotune.tune.measure import time_callable
     from fa_autotune.tune.reference import compare, compare_all, reference_attention, reference_gradients
 
     heads = 2048 // args.head_dim
-    problem = Problem(args.batch or 16384 // args.seqlen, heads, heads, args.seqlen, args.seqlen, args.head_dim, args.dtype,
-                      causal=args.causal, kind="bwd" if args.backward else "fwd")
-    q, k, v = random_inputs(problem, "cuda")
     bench = Bench(tuple(args.providers.split(",")), None)
-    if args.backward:
+    if args.decode:
+        problem = Problem(args.batch or 1, args.heads, args.kv_heads, 1, args.seqlen, args.head_dim, args.dtype,
+                          causal=args.causal, kind="decode")
+        x = TrialInputs.kv_cache(problem, "cuda")
+        q, k, v = x.reference
+    else:
+        problem = Problem(args.batch or 16384 // args.seqlen, heads, heads, args.seqlen, args.seqlen, args.head_dim,
+                          args.dtype, causal=args.causal, kind="bwd" if args.backward else "fwd")
+        q, k, v = random_inputs(problem, "cuda")
+    if args.decode:
+        ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        make = lambda p: bench.decode_callable_for(p, problem, x)  # noqa: E731
+        judge = lambda got: compare(got, ref)  # noqa: E731
+    elif args.backward:
         dout = torch.randn_like(q)
         refs = reference_gradients(q, k, v, dout, causal=problem.causal)
         make = lambda p: bench.backward_callable_for(p, problem, q, k, v, dout)  # noqa: E731

@@ -31,6 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import FaAutotuneError
 from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
@@ -160,6 +161,8 @@ def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
             signature[name], consts[name] = "constexpr", arg
         elif isinstance(arg, GluonTensorDescriptor):  # as Triton's JIT spells a host-side descriptor
             signature[name] = f"tensordesc<{_TRITON_TYPES[arg.base.dtype]}{list(arg.block_shape)},{arg.layout!r}>"
+        elif isinstance(arg, TensorDescriptor):  # a Triton kernel's host-side descriptor (no layout)
+            signature[name] = f"tensordesc<{_TRITON_TYPES[arg.base.dtype]}{list(arg.block_shape)}>"
         elif isinstance(arg, torch.Tensor):
             signature[name] = f"*{_TRITON_TYPES[arg.dtype]}"
             attrs[(index,)] = [["tt.divisibility", 16]]

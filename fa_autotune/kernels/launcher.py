@@ -19,6 +19,7 @@ from triton import knobs
 from triton.compiler.errors import CompilationError
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+from triton.tools.tensor_descriptor import TensorDescriptor
 from triton.runtime.errors import OutOfResources
 
 from ..errors import ConfigError, InputError, KernelCompileError, KernelResourceError, TemplateError
@@ -332,18 +333,24 @@ class DecodePlan:
     balanced split) first counts every row tile's key steps on the device (``units``), then
     runs ``persistent`` programs per SM over them."""
 
-    __slots__ = ("append", "units", "main", "combine", "parts", "tile_rows", "head_dim_pad", "pairs")
+    __slots__ = ("append", "units", "main", "combine", "parts", "tile_rows", "head_dim_pad", "pairs", "box", "config")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: torch.Tensor | None, v_new: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
                  block_table: torch.Tensor | None, scale: float, causal: bool) -> None:
         if config.loop_order != "decode":
             raise ConfigError("loop_order", f"{config.name} is not a KV-cache kernel; use loop_order='decode'")
-        module = load_module(config)
         batch, n_q, heads, head_dim = q.shape
         heads_kv = k_cache.shape[2]
         group = heads // heads_kv
         head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+        if config.access == "tensor_desc" and not (block_table is None and k_cache.numel() and tma_layout_ok(k_cache)
+                                                   and tma_layout_ok(v_cache)):
+            config = config.with_(access="pointer")  # pages, or a layout TMA cannot address: the same kernel on pointers
+        # TMA (contiguous caches): a [1, BLOCK_N, 1, HEAD_DIM_PAD] box of the whole cache a step.
+        self.box = [1, config.BLOCK_N, 1, head_dim_pad] if config.access == "tensor_desc" else None
+        self.config = config
+        module = load_module(config)
         tile_m = decode_tile_m(config, n_q * group)
         page_size = k_cache.shape[1] if block_table is not None else 0
         n_new = k_new.shape[1] if k_new is not None else 0
@@ -397,7 +404,11 @@ class DecodePlan:
         if self.combine is not None:
             o_part = torch.empty((self.parts, self.head_dim_pad), device=q.device, dtype=torch.float32)
             lse_part = torch.empty((self.parts,), device=q.device, dtype=torch.float32)
-        main = (q, k_cache, v_cache, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)
+        k_main, v_main = k_cache, v_cache
+        if self.box is not None:
+            k_main = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), self.box)
+            v_main = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), self.box)
+        main = (q, k_main, v_main, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)
         combine = (o_part, lse_part, out, lse)
         if self.units is not None:
             pair_start = torch.empty((self.pairs + 1,), device=q.device, dtype=torch.int32)

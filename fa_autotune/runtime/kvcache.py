@@ -109,7 +109,8 @@ def attention_with_kvcache(
         tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
         key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
                None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
-               None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse)
+               None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse,
+               (k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0)  # TMA or pointers (DecodePlan)
         plan = _PLANS.get(key)
         try:
             if plan is None:

@@ -227,6 +227,8 @@ class KernelConfig:
         parts = [f"attn_decode_m{self.BLOCK_M}n{self.BLOCK_N}", f"w{self.num_warps}s{self.num_stages}",
                  "cband" if self.causal_mode == "split" else "cmask",
                  f"sk{self.persistent}" if self.persistent else f"x{self.num_splits}"]
+        if self.access == "tensor_desc":
+            parts.append("tma")
         if self.maxnreg:
             parts.append(f"r{self.maxnreg}")
         return "_".join(parts)
@@ -316,15 +318,18 @@ def _validate(cfg: KernelConfig) -> None:
 
 def _validate_decode(cfg: KernelConfig) -> None:
     """The KV-cache kernel gathers cache rows through pointers (pages need per-row
-    addresses) and forms its M tile from a KV group's query rows, at least 16 for the dot;
-    the backward kernels read through pointers too (for now)."""
+    addresses) or, for a contiguous cache on Hopper, TMA descriptors (access='tensor_desc';
+    a paged cache or a layout TMA cannot read falls back to pointers at launch), and forms its
+    M tile from a KV group's query rows, at least 16 for the dot; the backward kernels read
+    through pointers (for now)."""
     if cfg.loop_order == "backward" and cfg.language == "gluon":
         _validate_gluon_backward(cfg)
         return
-    what = {"decode": "reads the cache through pointers (pages are gathered row by row)",
-            "backward": "reads its tiles through pointers"}[cfg.loop_order]
-    if cfg.access != "pointer":
-        raise ConfigError("access", f"loop_order={cfg.loop_order!r} {what}; use access='pointer'")
+    if cfg.loop_order == "decode" and cfg.access not in ("pointer", "tensor_desc"):
+        raise ConfigError("access", "loop_order='decode' reads the cache through pointers or TMA descriptors; use "
+                          "access='pointer' or 'tensor_desc'")
+    if cfg.loop_order == "backward" and cfg.access != "pointer":
+        raise ConfigError("access", "loop_order='backward' reads its tiles through pointers; use access='pointer'")
     if cfg.BLOCK_M > 128:
         raise ConfigError("BLOCK_M", f"loop_order={cfg.loop_order!r} tiles at most 128 query rows, got {cfg.BLOCK_M}")
     if cfg.language != "triton":

@@ -113,7 +113,8 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     """The decode default first, then the neighbours a tune should measure first (the split
     counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep:
     the best or next-best tile on every row of issue 15's table in
-    benchmarks/results/2026-12-02-h200-decode-splits.md). Balanced splits (`persistent`) are
+    benchmarks/results/2026-12-02-h200-decode-splits.md), and on Hopper each of those again
+    with the contiguous cache read through TMA descriptors. Balanced splits (`persistent`) are
     neither here nor in the default search space: on the uniform lengths a tune measures they
     ran 5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
     rows = problem.seqlen_q * problem.gqa_group
@@ -142,6 +143,8 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
                                   num_splits=split)
             if split * 128 <= problem.seqlen_k and config not in out:
                 out.append(config)
+    if not problem.page_size and capability >= (9, 0):  # Hopper reads a contiguous cache through TMA too
+        out += [config.with_(access="tensor_desc") for config in out]
     return out
 
 

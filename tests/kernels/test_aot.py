@@ -300,14 +300,20 @@ DECODE_CASES = [
     (Problem(16, 32, 8, 1, 16384, 128, "bfloat16", kind="decode"), dict(BLOCK_N=128, num_stages=3, persistent=1)),
     (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", kind="decode", page_size=16),
      dict(BLOCK_M=32, num_stages=2, persistent=4)),
+    # a contiguous cache through TMA boxes: fixed split, none, balanced; D=80 in a 128-column box
+    (Problem(1, 32, 8, 1, 131072, 128, "bfloat16", kind="decode"), dict(num_splits=16, num_stages=4, access="tensor_desc")),
+    (Problem(128, 32, 8, 1, 1024, 128, "bfloat16", kind="decode"), dict(BLOCK_N=128, num_stages=3, access="tensor_desc")),
+    (Problem(2, 8, 8, 1, 1000, 80, "float16", kind="decode"), dict(BLOCK_N=32, num_splits=3, access="tensor_desc")),
+    (Problem(4, 32, 4, 4, 4096, 128, "float16", causal=True, causal_align="bottom_right", kind="decode"),
+     dict(BLOCK_M=32, num_stages=2, persistent=2, access="tensor_desc")),
 ]
 
 
 @pytest.mark.parametrize("problem, changes", DECODE_CASES, ids=lambda v: getattr(v, "key", ""))
 def test_decode_variants_compile_for_hopper(problem, changes):
     """KV-cache kernels (attend, combine when split, append; the units scan when balanced)
-    compile for sm_90 with their K/V tiles loaded asynchronously (cp.async) and no spills,
-    paged or not, and fit in shared memory."""
+    compile for sm_90 with their K/V tiles loaded asynchronously (cp.async, or TMA boxes:
+    cp.async.bulk.tensor) and no spills, paged or not, and fit in shared memory."""
     from fa_autotune.kernels.aot import decode_example
 
     config = KernelConfig(loop_order="decode", BLOCK_M=changes.pop("BLOCK_M", 16), **changes)
@@ -317,7 +323,10 @@ def test_decode_variants_compile_for_hopper(problem, changes):
     assert config.name in names and (f"{config.name}_combine" in names) == (config.num_splits > 1 or config.persistent > 0)
     assert (f"{config.name}_units" in names) == bool(config.persistent)
     main = next(k for k in result.kernels if k.kernel == config.name)  # balanced or not: pipelined, no spills
-    assert dict(main.instructions)["cp.async.cg.shared.global"] > 0 and main.stack_bytes in (0, None)
+    counts = dict(main.instructions)
+    tma = config.access == "tensor_desc"
+    assert (counts["cp.async.bulk.tensor"] > 0) == tma and (counts["cp.async.cg.shared.global"] > 0) != tma
+    assert main.stack_bytes in (0, None)
     assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     launches = [launch.kernel.__name__ for launch, _ in decode_example(config, problem, "meta", append=True).arguments()]
     assert launches[0] == f"{config.name}_append" and config.name in launches

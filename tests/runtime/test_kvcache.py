@@ -64,6 +64,11 @@ CASES = {  # (page size, config changes)
     # balanced splits: row tiles cut where the runs of 2 (4) programs per "SM" end
     "contiguous-balanced": (0, {"persistent": 1}),
     "paged16-balanced-rows32": (16, {"BLOCK_M": 32, "persistent": 2}),
+    # TMA descriptors over a contiguous cache; a paged one falls back to pointers
+    "contiguous-tma": (0, {"access": "tensor_desc"}),
+    "contiguous-tma-split3": (0, {"access": "tensor_desc", "num_splits": 3}),
+    "contiguous-tma-balanced": (0, {"access": "tensor_desc", "persistent": 2}),
+    "paged16-tma": (16, {"access": "tensor_desc", "num_splits": 2}),
 }
 
 
@@ -88,6 +93,47 @@ def test_append_and_attend(case, causal, n_q, device):
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     assert out.shape == q.shape and lse.shape == (batch, heads_q, n_q)
     check(out, lse, q, k_cache, v_cache, table, [n + 2 for n in lengths], causal)
+
+
+@pytest.mark.parametrize("access", ["pointer", "tensor_desc"])
+@pytest.mark.parametrize("dtype, head_dim", [(torch.float16, 32), (torch.float32, 80)])
+def test_cache_rows_past_the_lengths_may_hold_nan(access, dtype, head_dim, device):
+    """What a cache holds past a sequence's length is never attended: NaN there (a freed
+    page's leftovers) changes nothing, whether the kernel reads through pointers or TMA
+    boxes (which read whole tiles; head dim 80 pads the box to 128 columns)."""
+    from fa_autotune.kernels.launcher import DecodePlan
+
+    k_cache, v_cache, _ = make_cache(3, 64, 2, head_dim, dtype=dtype, device=device)
+    lengths = [5, 64, 23]
+    for b, n in enumerate(lengths):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    q = torch.randn(3, 2, 4, head_dim, dtype=dtype, device=device)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    config = fa_autotune.KernelConfig(**{**DECODE, "access": access, "num_splits": 2})
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, config=config)
+    assert torch.isfinite(out).all()
+    check(out, None, q, k_cache, v_cache, None, lengths, True)
+    plan = DecodePlan(config, q, k_cache, v_cache, None, None, out, None, None, 1.0, True)
+    assert plan.config.access == access and (plan.box is not None) == (access == "tensor_desc")
+
+
+def test_tma_falls_back_to_pointers_where_tma_cannot_read(device):
+    """A TMA decode config over a layout no descriptor can address (rows 20 fp16 = 40 bytes
+    apart) or a paged cache runs the same kernel on pointers, and is right."""
+    from fa_autotune.kernels.launcher import DecodePlan
+
+    config = fa_autotune.KernelConfig(**{**DECODE, "access": "tensor_desc"})
+    k_cache, v_cache, _ = make_cache(2, 32, 1, 20, device=device)
+    q = torch.randn(2, 1, 2, 20, dtype=torch.float16, device=device)
+    plan = DecodePlan(config, q, k_cache, v_cache, None, None, torch.empty_like(q), None, None, 1.0, False)
+    assert plan.config.access == "pointer" and plan.box is None and not plan.config.name.endswith("_tma")
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=17, config=config)
+    check(out, None, q, k_cache, v_cache, None, [17, 17], False)
+    k_paged, v_paged, table = make_cache(2, 32, 1, 32, page=16, device=device)
+    q = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
+    plan = DecodePlan(config, q, k_paged, v_paged, None, None, torch.empty_like(q), None, table, 1.0, False)
+    assert plan.config.access == "pointer"
 
 
 def test_dispatched_config_int_lengths_and_whole_cache(device):
@@ -237,8 +283,12 @@ def test_forward_config_and_grad_are_refused(device):
 
 
 def test_decode_config_validation():
-    with pytest.raises(ConfigError, match="pointer"):
-        fa_autotune.KernelConfig(loop_order="decode", access="tensor_desc")
+    with pytest.raises(ConfigError, match="pointers or TMA"):
+        fa_autotune.KernelConfig(loop_order="decode", access="block_ptr")
+    with pytest.raises(ConfigError, match="backward.*pointers"):
+        fa_autotune.KernelConfig(loop_order="backward", access="tensor_desc")
+    tma = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=8, access="tensor_desc")
+    assert tma.name == "attn_decode_m16n64_w4s3_cband_x8_tma"
     with pytest.raises(ConfigError, match="128"):
         fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=256)
     cfg = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, num_splits=8)
@@ -254,12 +304,16 @@ def test_decode_config_validation():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("page", [0, 16, 128])
-@pytest.mark.parametrize("balanced", [False, True], ids=["dispatched", "balanced"])
-def test_gpu_cuda_graph_replays_with_changing_lengths(page, balanced):
+@pytest.mark.parametrize("kind", ["dispatched", "balanced", "tma-split4"])
+def test_gpu_cuda_graph_replays_with_changing_lengths(page, kind):
     """Captured once, replayed after the lengths (and the appended tokens) change: the graph
     reads them on the device (the balanced grid's units scan too: its run boundaries move
-    with the lengths). bf16, a realistic GQA shape, the dispatched config or a balanced one."""
-    config = dict(loop_order="decode", BLOCK_M=16, BLOCK_N=64, num_stages=2, persistent=2) if balanced else None
+    with the lengths; TMA descriptors captured by value still address the same cache).
+    bf16, a realistic GQA shape, the dispatched config, a balanced one or a TMA one."""
+    config = {"dispatched": None,
+              "balanced": dict(loop_order="decode", BLOCK_M=16, BLOCK_N=64, num_stages=2, persistent=2),
+              "tma-split4": dict(loop_order="decode", BLOCK_M=16, BLOCK_N=128, num_stages=3, num_splits=4,
+                                 access="tensor_desc")}[kind]
     batch, capacity = 4, 4096
     k_cache, v_cache, table = make_cache(batch, capacity, 8, 128, page=page, dtype=torch.bfloat16, device="cuda")
     q = torch.randn(batch, 1, 32, 128, dtype=torch.bfloat16, device="cuda")

@@ -98,3 +98,17 @@ def test_hopper_backward_defaults_to_gluon(dtype):
         config = backward_default(problem, capability, gluon=capability != (9, 0) or problem.dtype == "float32"
                                   or problem.head_dim > 128)
         assert config.language == "triton" and config.loop_order == "backward", (problem.key, capability)
+
+
+def test_decode_candidates_read_a_contiguous_cache_through_tma_on_hopper():
+    """The decode warm start: the default (pointers) first, then on Hopper the same tiles
+    through TMA descriptors for a contiguous cache; pages and Ampere stay on pointers."""
+    from fa_autotune.spec.defaults import decode_candidates
+
+    contiguous = Problem(128, 32, 8, 1, 1024, 128, "bfloat16", kind="decode")
+    paged = Problem(128, 32, 8, 1, 1024, 128, "bfloat16", kind="decode", page_size=16)
+    hopper = decode_candidates(contiguous, (9, 0))
+    assert hopper[0].access == "pointer" and len(set(hopper)) == len(hopper)
+    tma = [c for c in hopper if c.access == "tensor_desc"]
+    assert {c.with_(access="pointer") for c in tma} == {c for c in hopper if c.access == "pointer"}
+    assert all(c.access == "pointer" for c in decode_candidates(paged, (9, 0)) + decode_candidates(contiguous, (8, 0)))
