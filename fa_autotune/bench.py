@@ -253,41 +253,56 @@ class Bench:
         return self._row(problem, lambda p: self.callable_for(p, problem, q, k, v), lambda out: compare(out, ref))
 
     def _row(self, problem: Problem, make: Callable, judge: Callable) -> Row:
-        """Each provider checked, then timed: with rounds > 1 the checked providers take turns,
-        one timing each per round, so drifting clocks (long problems run into the board's
-        power limit) weigh on all of them alike."""
+        """Each provider checked, then timed. With rounds > 1 the checked providers take turns,
+        one timing each per round, the order rotated every round, so drifting clocks (long
+        problems run into the board's power limit) weigh on all of them alike; with one round
+        each provider is timed right after its check and let go (one provider's inputs and
+        autograd state in memory at a time)."""
         row = Row(self.row_key(problem), problem.dtype)
         timed: dict[str, tuple[Callable, Callable | None, float, str]] = {}
+        rounds: dict[str, list[float]] = {}
+
+        def time_one(provider: str, fn: Callable, context: Callable | None, rel: float, detail: str, k: int) -> bool:
+            try:
+                with (context() if context else contextlib.nullcontext()):
+                    rounds.setdefault(provider, []).append(time_callable(fn, rep_ms=self.rep_ms).median_ms)
+                return True
+            except Exception as exc:  # checked, then failed while timed: say so, keep the check's error
+                row.cells[provider] = Cell(provider, "unavailable", rel_error=rel, detail=(
+                    f"{detail}: passed its check, failed in timing round {k + 1}: {type(exc).__name__}: {exc}")[:300])
+                return False
+            finally:
+                torch.cuda.synchronize()
+
         for provider in self.providers:
             try:
                 fn, context, detail = make(provider)
                 with (context() if context else contextlib.nullcontext()):
                     report = judge(fn())
-                if report.passes(problem.dtype):
-                    timed[provider] = (fn, context, report.rel, detail)
-                else:
+                if not report.passes(problem.dtype):
                     row.cells[provider] = Cell(provider, "wrong_result", rel_error=report.rel, detail=detail)
+                elif self.rounds > 1:
+                    timed[provider] = (fn, context, report.rel, detail)
+                elif time_one(provider, fn, context, report.rel, detail, 0):
+                    self._ok(row, problem, provider, rounds[provider], report.rel, detail)
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
             torch.cuda.synchronize()
-        rounds: dict[str, list[float]] = {p: [] for p in timed}
-        for _ in range(self.rounds):
-            for provider, (fn, context, _, detail) in list(timed.items()):
-                try:
-                    with (context() if context else contextlib.nullcontext()):
-                        rounds[provider].append(time_callable(fn, rep_ms=self.rep_ms).median_ms)
-                except Exception as exc:
-                    row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
+        order = list(timed)
+        for k in range(self.rounds if timed else 0):
+            for provider in order[k % len(order):] + order[:k % len(order)]:
+                if provider in timed and not time_one(provider, *timed[provider], k):
                     del timed[provider]
-                torch.cuda.synchronize()
         for provider, (_, _, rel, detail) in timed.items():
-            ms = statistics.median(rounds[provider])
-            tbps = problem.kv_bytes / (ms * 1e-3) / 1e12 if problem.decode else None
-            tflops = self.row_flops(problem) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
-            row.cells[provider] = Cell(provider, "ok", ms, tflops, rel, detail, tbps,
-                                       rounds[provider] if self.rounds > 1 else None)
+            self._ok(row, problem, provider, rounds[provider], rel, detail)
         row.cells = {p: row.cells[p] for p in self.providers if p in row.cells}
         return row
+
+    def _ok(self, row: Row, problem: Problem, provider: str, times: list[float], rel: float, detail: str) -> None:
+        ms = statistics.median(times)
+        tbps = problem.kv_bytes / (ms * 1e-3) / 1e12 if problem.decode else None
+        tflops = self.row_flops(problem) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+        row.cells[provider] = Cell(provider, "ok", ms, tflops, rel, detail, tbps, times if self.rounds > 1 else None)
 
 
 def matmul_ceiling(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:

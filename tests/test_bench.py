@@ -206,12 +206,49 @@ def test_rounds_take_turns_and_the_ratio_is_the_median_of_the_rounds(monkeypatch
     problem = Problem(1, 2, 2, 64, 64, 32, "float16")
     b = Bench(("tuned", "cudnn", "flash"), None, rounds=3)
     r = b._row(problem, lambda p: ((lambda p=p: p), None, p), lambda out: Report(out != "flash"))
-    assert calls == ["tuned", "cudnn"] * 3  # flash failed its check: checked once, not timed
+    # flash failed its check: checked once, never timed; the others' order rotates round by round
+    assert calls == ["tuned", "cudnn", "cudnn", "tuned", "tuned", "cudnn"]
     assert r.cells["flash"].status == "wrong_result" and list(r.cells) == ["tuned", "cudnn", "flash"]
     assert r.cells["tuned"].round_ms == [1.0, 1.3, 1.0] and r.cells["tuned"].ms == 1.0
     assert math.isclose(r.ratio("tuned"), 1.1)  # median of 1.1, 1.1, 0.9; medians' ratio would say 1.1 too
     with pytest.raises(FaAutotuneError, match="rounds"):
         Bench(("tuned",), None, rounds=0)
+
+
+def test_a_provider_failing_in_a_later_round_says_so(monkeypatch):
+    """Checked, timed once, then failing: unavailable, with the round and its check's error
+    kept; one round times each provider right after its check."""
+    import fa_autotune.bench as bench
+    from fa_autotune.tune.measure import Timing
+    from fa_autotune.spec.problem import Problem
+
+    calls = []
+
+    def fake_time(fn, rep_ms):
+        name = fn()
+        calls.append(name)
+        if name == "cudnn" and calls.count("cudnn") == 2:
+            raise RuntimeError("out of memory")
+        return Timing(1.0, 1.0, 1.0)
+
+    class Report:
+        rel = 2e-3
+
+        def passes(self, dtype):
+            return True
+
+    monkeypatch.setattr(bench, "time_callable", fake_time)
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    problem = Problem(1, 2, 2, 64, 64, 32, "float16")
+    r = Bench(("tuned", "cudnn"), None, rounds=3)._row(problem, lambda p: ((lambda p=p: p), None, p),
+                                                      lambda out: Report())
+    cell = r.cells["cudnn"]
+    assert cell.status == "unavailable" and cell.rel_error == 2e-3
+    assert "passed its check, failed in timing round 2: RuntimeError: out of memory" in cell.detail
+    assert r.cells["tuned"].status == "ok" and r.cells["tuned"].round_ms == [1.0, 1.0, 1.0]
+    calls.clear()
+    one = Bench(("tuned", "cudnn"), None)._row(problem, lambda p: ((lambda p=p: p), None, p), lambda out: Report())
+    assert calls == ["tuned", "cudnn"] and one.cells["cudnn"].round_ms is None and one.cells["cudnn"].ms == 1.0
 
 
 def test_ratio_of_rounds_differs_from_ratio_of_medians():

@@ -345,7 +345,8 @@ class DecodePlan:
         group = heads // heads_kv
         head_dim_pad = max(16, triton.next_power_of_2(head_dim))
         if config.access == "tensor_desc" and not (block_table is None and k_cache.numel() and tma_layout_ok(k_cache)
-                                                   and tma_layout_ok(v_cache)):
+                                                   and tma_layout_ok(v_cache)
+                                                   and min(k_cache.stride() + v_cache.stride()) > 0):
             config = config.with_(access="pointer")  # pages, or a layout TMA cannot address: the same kernel on pointers
         # TMA (contiguous caches): a [1, BLOCK_N, 1, HEAD_DIM_PAD] box of the whole cache a step.
         self.box = [1, config.BLOCK_N, 1, head_dim_pad] if config.access == "tensor_desc" else None

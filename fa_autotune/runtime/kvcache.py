@@ -121,7 +121,7 @@ def attention_with_kvcache(
                     _PLANS[key] = plan
             plan(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse)
         except Exception as exc:
-            failure = explain_launch_failure(chosen, exc)
+            failure = explain_launch_failure(plan.config if plan is not None else chosen, exc)  # as it ran
             if failure is exc:
                 raise
             raise failure from exc

@@ -143,7 +143,7 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
                                   num_splits=split)
             if split * 128 <= problem.seqlen_k and config not in out:
                 out.append(config)
-    if not problem.page_size and capability >= (9, 0):  # Hopper reads a contiguous cache through TMA too
+    if not problem.page_size and problem.head_dim % 8 == 0 and capability >= (9, 0):  # Hopper: TMA too (16-byte rows)
         out += [config.with_(access="tensor_desc") for config in out]
     return out
 

@@ -134,6 +134,14 @@ def test_tma_falls_back_to_pointers_where_tma_cannot_read(device):
     q = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
     plan = DecodePlan(config, q, k_paged, v_paged, None, None, torch.empty_like(q), None, table, 1.0, False)
     assert plan.config.access == "pointer"
+    # one KV head expanded to two (stride 0): no descriptor for it either
+    k_one, v_one, _ = make_cache(2, 32, 1, 32, device=device)
+    k_two, v_two = k_one.expand(2, 32, 2, 32), v_one.expand(2, 32, 2, 32)
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device)
+    plan = DecodePlan(config, q, k_two, v_two, None, None, torch.empty_like(q), None, None, 1.0, False)
+    assert plan.config.access == "pointer"
+    out = fa_autotune.attention_with_kvcache(q, k_two, v_two, cache_seqlens=30, config=config)
+    check(out, None, q, k_two, v_two, None, [30, 30], False)
 
 
 def test_dispatched_config_int_lengths_and_whole_cache(device):

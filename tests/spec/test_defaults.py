@@ -112,3 +112,5 @@ def test_decode_candidates_read_a_contiguous_cache_through_tma_on_hopper():
     tma = [c for c in hopper if c.access == "tensor_desc"]
     assert {c.with_(access="pointer") for c in tma} == {c for c in hopper if c.access == "pointer"}
     assert all(c.access == "pointer" for c in decode_candidates(paged, (9, 0)) + decode_candidates(contiguous, (8, 0)))
+    rows_of_40_bytes = Problem(4, 8, 2, 1, 1024, 20, "float16", kind="decode")  # no 16-byte rows: no TMA
+    assert all(c.access == "pointer" for c in decode_candidates(rows_of_40_bytes, (9, 0)))

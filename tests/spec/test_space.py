@@ -216,6 +216,11 @@ def test_decode_space_and_presets():
             assert grid and all(c.loop_order == "decode" for c in grid)
             assert all(c.num_splits * c.BLOCK_N <= problem.seqlen_k for c in grid)
             assert not any(c.persistent for c in grid) and any(c.num_splits > 1 for c in grid)
+            # TMA for a contiguous cache with 16-byte rows only
+            assert {c.access for c in grid} == ({"pointer", "tensor_desc"} if not problem.page_size else {"pointer"})
+    odd = Problem(2, 8, 2, 1, 4096, 20, "float16", kind="decode")
+    assert {c.access for c in space.for_arch("sm90").grid(odd)} == {"pointer"}
+    assert {c.access for c in space.for_arch("sm80").grid(serving[0])} == {"pointer"}
 
 
 def test_page_size_only_in_decode_spaces():
