@@ -110,7 +110,7 @@ def attention_with_kvcache(
         key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
                None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
                None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse,
-               (k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0)  # TMA or pointers (DecodePlan)
+               chosen.access == "tensor_desc" and (k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0)  # TMA or not
         plan = _PLANS.get(key)
         try:
             if plan is None:
