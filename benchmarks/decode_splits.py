@@ -14,8 +14,12 @@ count the keys attended, and cuDNN (which takes no per-sequence lengths here) at
 whole capacity, so for those rows the figure to read is the balanced grid against the
 fixed splits (`best fixed`, `best balanced`).
 
+`--access pointer,tensor_desc` also times every config reading the cache through TMA
+descriptors (Hopper; names end in `_tma`).
+
 Usage: python3 benchmarks/decode_splits.py --out DIR [--rows 16x16384,8x32768,64x16384r] [--rounds 3]
            [--tiles 64x2,64x4,128x3] [--warps 4] [--splits 1,2,3,4,6,8,16,33,66] [--balanced 1,2,4]
+           [--access pointer,tensor_desc]
 Writes DIR/decode_splits.json and .md.
 """
 from __future__ import annotations
@@ -56,11 +60,13 @@ def main() -> None:
     ap.add_argument("--warps", default="4")
     ap.add_argument("--splits", default=",".join(map(str, SPLITS)))
     ap.add_argument("--balanced", default=",".join(map(str, BALANCED)), help="programs per SM; empty: none")
+    ap.add_argument("--access", default="pointer", help="pointer, tensor_desc or both")
     args = ap.parse_args()
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
     warps = [int(w) for w in args.warps.split(",")]
     splits_list = [int(x) for x in args.splits.split(",")]
     balanced_list = [int(x) for x in args.balanced.split(",") if x]
+    accesses = args.access.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for spec in args.rows.split(","):
@@ -75,13 +81,13 @@ def main() -> None:
         ref = torch.cat([sdpa(SDPBackend.MATH, q[b:b + 1].float(), kc[b:b + 1, :int(lens[b])].float(),
                               vc[b:b + 1, :int(lens[b])].float())().transpose(1, 2) for b in range(batch)])  # float32
         calls, status = {"cudnn": cudnn}, {}
-        grid = ([(t, s, 0, w) for t in tiles for s in splits_list for w in warps]
-                + [(t, 1, p, w) for t in tiles for p in balanced_list for w in warps])
-        for (bn, stages), splits, persistent, nw in grid:
+        grid = ([(t, s, 0, w, a) for t in tiles for s in splits_list for w in warps for a in accesses]
+                + [(t, 1, p, w, a) for t in tiles for p in balanced_list for w in warps for a in accesses])
+        for (bn, stages), splits, persistent, nw, access in grid:
             if splits * bn > n or stages * bn * D > 49152:  # decode.yaml's shared-memory bound
                 continue
             cfg = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=bn, num_warps=nw, num_stages=stages,
-                               num_splits=splits, persistent=persistent)
+                               num_splits=splits, persistent=persistent, access=access)
             out = torch.empty_like(q)
             try:
                 fn = plan_call(cfg, q, kc, vc, lens, None, out)

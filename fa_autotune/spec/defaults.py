@@ -111,9 +111,10 @@ def decode_default(problem: Problem, capability: tuple[int, int] | None = None, 
 def decode_candidates(problem: Problem, capability: tuple[int, int] | None = None,
                       sm_count: int = 132) -> list[KernelConfig]:
     """The decode default first, then the neighbours a tune should measure first (the split
-    counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep:
+    counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep,
     the best or next-best tile on every row of issue 15's table in
-    benchmarks/results/2026-12-02-h200-decode-splits.md), and on Hopper each of those again
+    benchmarks/results/2026-12-02-h200-decode-splits.md, and 2 deep, the best through TMA at
+    64 x 4096 in 2026-12-03-h200-decode-grid-tma.md), and on Hopper each of those again
     with the contiguous cache read through TMA descriptors. Balanced splits (`persistent`) are
     neither here nor in the default search space: on the uniform lengths a tune measures they
     ran 5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
@@ -138,8 +139,10 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
             out.append(config)
     wide = not problem.page_size and problem.head_dim_pad <= 128 and block_m <= 64  # 3 stages of 128 x 128 fit
     if wide:
-        for split in dict.fromkeys((splits(1), 1)):
-            config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=3,
+        # 3 stages: one program per SM; 2 stages: two (106 KB each through TMA, as cuDNN's decode
+        # kernel runs two 86 KB CTAs per SM), so one's start hides behind the other's stream.
+        for split, stages in dict.fromkeys(((splits(1), 3), (1, 3), (1, 2))):
+            config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=stages,
                                   num_splits=split)
             if split * 128 <= problem.seqlen_k and config not in out:
                 out.append(config)

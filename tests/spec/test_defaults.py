@@ -114,3 +114,6 @@ def test_decode_candidates_read_a_contiguous_cache_through_tma_on_hopper():
     assert all(c.access == "pointer" for c in decode_candidates(paged, (9, 0)) + decode_candidates(contiguous, (8, 0)))
     rows_of_40_bytes = Problem(4, 8, 2, 1, 1024, 20, "float16", kind="decode")  # no 16-byte rows: no TMA
     assert all(c.access == "pointer" for c in decode_candidates(rows_of_40_bytes, (9, 0)))
+    # Both wide tiles (128 keys, one program per SM 3 deep or two per SM 2 deep) through TMA.
+    wide = {(c.BLOCK_N, c.num_stages, c.num_splits) for c in tma if c.BLOCK_N == 128}
+    assert wide == {(128, 3, 1), (128, 2, 1)}, wide
