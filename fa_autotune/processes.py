@@ -11,6 +11,9 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -27,6 +30,42 @@ def _child_of(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
+
+
+class SigintGuard:
+    """Ctrl-C that is not lost. Python raises KeyboardInterrupt wherever the main thread is
+    when SIGINT arrives; inside a finalizer or a garbage-collector callback (SQLAlchemy
+    registers those) the exception is printed as "ignored" and the run goes on. While
+    guarded, the handler also records the signal, and :meth:`check` (called between trials)
+    raises it again."""
+
+    def __init__(self) -> None:
+        self._hit = threading.Event()
+
+    def _handler(self, signum, frame) -> None:
+        self._hit.set()
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self._hit.is_set():
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator["SigintGuard"]:
+        """The handler for the duration, where Python's own one is in place on the main thread
+        (elsewhere nothing changes: signal handlers belong to the main thread); the record is
+        cleared on the way out."""
+        self._hit.clear()
+        ours = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if ours:
+            signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield self
+        finally:
+            if ours:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._hit.clear()  # a signal the run already answered (or ended under) is not raised later
 
 
 def compiler_init(parent: int | None = None) -> None:

@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 
 from ..errors import ConfigError, FaAutotuneError
 from ..kernels.aot import HOPPER, CompileResult
-from ..processes import compiler_init
+from ..processes import SigintGuard, compiler_init
 from ..spec.config import KernelConfig
 from ..spec.defaults import default_for, defaults_for, gluon_candidates
 from ..spec.problem import TOLERANCE, Problem, distance
@@ -180,6 +180,7 @@ class Tuner:
         self.space = space.for_arch(gpu.arch)
         self.reporter = reporter or SilentReporter()
         self.target_capability = gpu.capability_tuple or HOPPER
+        self._sigint = SigintGuard()  # a Ctrl-C swallowed by a finalizer still stops the run
 
     # ------------------------------------------------------------------ driver
     def tune(self, problems: list[Problem]) -> list[ProblemOutcome]:
@@ -188,13 +189,15 @@ class Tuner:
         self.reporter.start(problems, self.options.trials or 0, self.gpu.is_interpreter)
         outcomes: list[ProblemOutcome] = []
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init,
-                                 initargs=(os.getpid(),)) as pool, \
+        with self._sigint.installed(), \
+                ProcessPoolExecutor(max_workers=self.options.jobs, mp_context=context, initializer=compiler_init,
+                                    initargs=(os.getpid(),)) as pool, \
                 DeviceWorker(interpret=self.gpu.is_interpreter) as worker:
             try:
                 remaining = list(enumerate(problems))
                 done: list[tuple[int, ProblemOutcome]] = []
                 while remaining:
+                    self._sigint.check()
                     share = None
                     if deadline is not None:
                         share = max(0.0, (deadline - time.monotonic()) / len(remaining))
@@ -280,6 +283,7 @@ class Tuner:
         current: list[_Pending] = []
         asked = 0  # bounds the asks even where failed trials do not count as finished (FP8)
         while True:
+            self._sigint.check()
             room = target - _distinct(study) - len(current)
             in_time = stop_at is None or time.monotonic() < stop_at
             can_ask = room > 0 and in_time and max(_finished(study), asked) < target * REPEAT_ALLOWANCE

@@ -1,0 +1,73 @@
+"""fa_autotune.processes: what the tuner's parent process does about Ctrl-C. Each case runs in
+a fresh interpreter (pytest handles SIGINT and unraisable exceptions itself)."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = """
+import gc, os, signal, threading
+from fa_autotune.processes import SigintGuard
+
+class InterruptedWhileCollected:
+    # SIGINT while the garbage collector finalizes it: Python runs the handler there, prints the
+    # KeyboardInterrupt as "ignored" and carries on, as inside SQLAlchemy's collection callback
+    # when a CLI test's Ctrl-C went missing.
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+CASES = {
+    "swallowed by a finalizer, raised at the next check": """
+guard = SigintGuard()
+with guard.installed():
+    guard.check()
+    obj = InterruptedWhileCollected()
+    del obj
+    gc.collect()
+    try:
+        guard.check()
+        print("lost")
+    except KeyboardInterrupt:
+        print("raised")
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+guard.check()
+print("forgotten outside")
+""",
+    "elsewhere, raised at once": """
+guard = SigintGuard()
+try:
+    with guard.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+        print("lost")
+except KeyboardInterrupt:
+    print("raised")
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+""",
+    "off the main thread, nothing installed": """
+seen = []
+def run():
+    with SigintGuard().installed():
+        seen.append(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+print(seen)
+""",
+}
+EXPECTED = {
+    "swallowed by a finalizer, raised at the next check": ["raised", "True", "forgotten outside"],
+    "elsewhere, raised at once": ["raised", "True"],
+    "off the main thread, nothing installed": ["[True]"],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sigint_guard(case):
+    result = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(CASES[case])], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:-1] == EXPECTED[case], (result.stdout, result.stderr)
