@@ -2,6 +2,9 @@
 cost the contiguous decode kernel its start? The same TMA configs called with the lengths as a
 tensor (as a serving engine passes them) and as a host int (no device read), against SDPA
 cuDNN, in interleaved rounds (the order rotated each round); ratio = median of the rounds'.
+Every output is checked against float32 attention first. The host-int call is also a different
+specialisation (Triton specialises an int argument, e.g. on its divisibility by 16), so the
+comparison is "device read and its specialisation" against "neither".
 
 Usage: python3 benchmarks/decode_length_read.py
 """
@@ -28,17 +31,24 @@ def main() -> None:
     for batch, n in [(64, 4096), (128, 1024)]:
         q, kc, vc, lens = table_inputs(batch, n)
         calls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, kc, vc)}
+        outs = {}
         for bn, stages, warps in [(128, 3, 4), (128, 2, 4), (64, 3, 4), (64, 2, 4)]:
             cfg = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=bn, num_warps=warps, num_stages=stages,
                                access="tensor_desc")
-            calls[f"n{bn}s{stages}w{warps}_lens"] = plan_call(cfg, q, kc, vc, lens, None, torch.empty_like(q))
-            out = torch.empty_like(q)
+            outs[f"n{bn}s{stages}w{warps}_lens"] = torch.empty_like(q)
+            calls[f"n{bn}s{stages}w{warps}_lens"] = plan_call(cfg, q, kc, vc, lens, None, outs[f"n{bn}s{stages}w{warps}_lens"])
+            out = outs[f"n{bn}s{stages}w{warps}_int"] = torch.empty_like(q)
             plan = DecodePlan(cfg, q, kc, vc, None, None, out, None, None, resolve_scale(None, D), False)
             calls[f"n{bn}s{stages}w{warps}_int"] = (
                 lambda plan=plan, out=out, q=q, kc=kc, vc=vc, n=n: plan(q, kc, vc, None, None, None, None, n, out, None))
         for fn in calls.values():
             fn()
         torch.cuda.synchronize()
+        ref = sdpa(SDPBackend.MATH, q.float(), kc.float(), vc.float())().transpose(1, 2)  # float32, (B, 1, H, D)
+        for name, out in outs.items():
+            err = float((out.float() - ref).norm() / ref.norm())  # bf16 against float32: about 3e-3
+            if not err < 2e-2:
+                raise SystemExit(f"{name}: output off the float32 reference (relative error {err:.3g})")
         names = list(calls)
         samples = {k: [] for k in names}
         for r in range(ROUNDS):

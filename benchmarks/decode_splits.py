@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--warps", default="4")
     ap.add_argument("--splits", default=",".join(map(str, SPLITS)))
     ap.add_argument("--balanced", default=",".join(map(str, BALANCED)), help="programs per SM; empty: none")
-    ap.add_argument("--access", default="pointer", help="pointer, tensor_desc or both")
+    ap.add_argument("--access", default="pointer", help="comma list: pointer,tensor_desc")
     args = ap.parse_args()
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")]
     warps = [int(w) for w in args.warps.split(",")]

@@ -140,8 +140,9 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     wide = not problem.page_size and problem.head_dim_pad <= 128 and block_m <= 64  # 3 stages of 128 x 128 fit
     if wide:
         # 3 stages: one program per SM; 2 stages: two (106 KB each through TMA, as cuDNN's decode
-        # kernel runs two 86 KB CTAs per SM), so one's start hides behind the other's stream.
-        for split, stages in dict.fromkeys(((splits(1), 3), (1, 3), (1, 2))):
+        # kernel runs two 86 KB CTAs per SM; split to about two per SM where the batch is small),
+        # so one's start hides behind the other's stream.
+        for split, stages in dict.fromkeys(((splits(1), 3), (1, 3), (splits(2), 2))):
             config = KernelConfig(loop_order="decode", BLOCK_M=block_m, BLOCK_N=128, num_warps=4, num_stages=stages,
                                   num_splits=split)
             if split * 128 <= problem.seqlen_k and config not in out:

@@ -243,8 +243,8 @@ def test_reports_registers_and_spills():
     (KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2), 4),
     (KernelConfig(BLOCK_M=64, BLOCK_N=64, access="block_ptr", q_tiles=2), 4),
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1), 4),
-    # one sequence: Triton makes the batch size a constant 1 (the static grid's consumers
-    # search the tile table themselves; a search loop over a constant range failed to lower)
+    # one sequence: Triton makes the batch size a constant 1 (the producer searches the tile
+    # table; a search loop over a constant range failed to lower)
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1), 1),
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True), 1),
     (KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True, overlap=False, pingpong=True), 4),
