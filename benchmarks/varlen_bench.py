@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -65,6 +66,31 @@ def packed_inputs(lengths: list[int]):
     k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
     return q, k, torch.randn_like(k), cu
+
+
+def against_dense(calls: dict, lengths, causal: bool, rounds: int) -> tuple[dict, dict]:
+    """Time ``calls`` (attention_varlen on ``lengths``) and dense attention() at the mean length
+    (the dense anchor every varlen benchmark compares with) in interleaved rounds, the order
+    rotated each round. Returns the per-round milliseconds by name ("dense" added) and, by
+    name, (median ms, median TFLOPS, median of the rounds' TFLOPS ratios to dense)."""
+    mean = int(round(sum(lengths) / len(lengths) / 64) * 64)
+    qd = torch.randn(len(lengths), HQ, mean, D, device="cuda", dtype=torch.bfloat16)
+    kd = torch.randn(len(lengths), HKV, mean, D, device="cuda", dtype=torch.bfloat16)
+    vd = torch.randn_like(kd)
+    calls = {**calls, "dense": lambda: fa_autotune.attention(qd, kd, vd, causal=causal)}
+    for fn in calls.values():
+        fn()
+    torch.cuda.synchronize()
+    names = list(calls)
+    samples = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            samples[n].append(time_callable(calls[n]).median_ms)
+    work = {n: flops([mean] * len(lengths) if n == "dense" else lengths, causal) for n in names}
+    tflops = {n: [work[n] / ms / 1e9 for ms in samples[n]] for n in names}
+    stats = {n: (statistics.median(samples[n]), statistics.median(tflops[n]),
+                 statistics.median(a / b for a, b in zip(tflops[n], tflops["dense"]))) for n in names}
+    return samples, stats
 
 
 def main(out_dir: Path) -> None:
