@@ -15,19 +15,20 @@ import sys
 import torch
 
 import fa_autotune
-from varlen_bench import packed_inputs
+from varlen_bench import D, HKV, HQ, packed_inputs
 
+B, N = 64, 1024
 CONFIG = dict(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1)
 
 
 def main(which: str) -> None:
-    q, k, v, cu = packed_inputs([1024] * 64)
+    q, k, v, cu = packed_inputs([N] * B)
     for _ in range(3):
         if which == "dense":
-            fa_autotune.attention(q.view(64, 1024, 32, 128).transpose(1, 2), k.view(64, 1024, 8, 128).transpose(1, 2),
-                                  v.view(64, 1024, 8, 128).transpose(1, 2), config=CONFIG)
+            fa_autotune.attention(q.view(B, N, HQ, D).transpose(1, 2), k.view(B, N, HKV, D).transpose(1, 2),
+                                  v.view(B, N, HKV, D).transpose(1, 2), config=CONFIG)
         else:
-            fa_autotune.attention_varlen(q, k, v, cu, cu, 1024, 1024, check_lengths=False, config=CONFIG)
+            fa_autotune.attention_varlen(q, k, v, cu, cu, N, N, check_lengths=False, config=CONFIG)
     torch.cuda.synchronize()
 
 
