@@ -1,6 +1,6 @@
 """attention_varlen's Gluon kernel under schedule knobs on the dynamic grid it runs mixed
-batches on (base: m64x2n128_s2_r240_cband_ov_pers1, the config attention_varlen dispatches on the H200), each against
-dense attention() at the mean length, in interleaved rounds (order rotated each round); every
+batches on (base: m64x2n128_s2_r240_cband_ov_pers1, the config attention_varlen dispatches on
+the H200), each against dense attention() at the mean length, in interleaved rounds (order rotated each round); every
 varlen output checked against float32 attention per sequence before it is timed. Prints, per
 knob, TFLOPS, the median of the rounds' ratios to dense and the median speed against the base.
 
