@@ -28,7 +28,7 @@ from fa_autotune.tune.measure import time_callable
 
 HQ, HKV, D = 32, 8, 128
 # The last column: the Gluon default with dynamic tile scheduling (attention_varlen itself runs
-# the dispatched config, on a dynamic grid without a mask and a static one with it).
+# the dispatched config on the grid runtime.api.varlen_grid picks: static from 16 sequences on).
 GLUON = KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2,
                      persistent=1, dynamic=True)
 

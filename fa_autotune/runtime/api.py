@@ -496,21 +496,16 @@ def attention_varlen(
     if config is None:
         # The dispatched config: a Gluon one runs its own varlen kernel where it can read these
         # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
-        # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on a persistent grid taking
-        # tiles from a counter, since packed sequences' tiles differ in work (0.84-0.99x
-        # against 0.75-0.98x for the static grid, -varlen-plans.md; still 0-5% ahead with the
-        # TMA epilogue, interleaved, -varlen-grids.md; equal-length causal batches excepted,
-        # see varlen_grid. Since the static grid's consumers read their tiles from the producer
-        # the two are level within 1.5% on most mixes, the static one 2.7% ahead on 64 mixed
-        # causal sequences and 0.6-1.5% behind on the 16- and 4-sequence causal ones,
-        # 2026-12-03-h200-varlen-posted.md); otherwise the Triton varlen kernel.
+        # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on the persistent grid
+        # varlen_grid picks (static, or tiles from a counter for few sequences); otherwise
+        # the Triton varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
         dispatched = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
         chosen = None
         if dispatched.language == "gluon":
             equal = q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k
             try:
-                candidate = varlen_grid(dispatched, causal, equal)
+                candidate = varlen_grid(dispatched, causal, equal, batch)
                 check_config(candidate, dense, *views)
                 check_tma_output(out_view)
                 chosen = candidate
@@ -537,18 +532,24 @@ def attention_varlen(
     return _varlen_result(out, lse, return_softmax_lse, return_attn_probs)
 
 
-def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool) -> KernelConfig:
+VARLEN_DYNAMIC_BELOW = 16  # sequences: fewer, and attention_varlen takes its tiles from a counter
+
+
+def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool, batch: int) -> KernelConfig:
     """The persistent grid attention_varlen runs a dispatched Gluon config's varlen kernel on:
-    tiles from a counter (packed sequences' tiles differ in work), except for a causal batch
-    whose sequences all have the longest length (tokens = batch * max_seqlen), which is the
-    dense problem the config was chosen for: its own grid, persistent (on an H200, 64 x 1024
-    tokens, D 128: static 419-430 TFLOPS against dynamic 401-406, as dense 449-452 against
-    410-412; without a mask dynamic stays ahead, 550-557 against 540-541,
-    benchmarks/results/2026-12-02-h200-varlen-vs-dense-equal.log; a program per tile ran
-    varlen slower still, -varlen-grids.md)."""
+    the static one (every programs-th tile; with the producer posting each tile and no spill
+    in the consumers it led the counter on the H200 by 0.3-5.5% with 16 or more sequences,
+    mixed or equal, causal or not), except for fewer than VARLEN_DYNAMIC_BELOW sequences, whose
+    tiles differ most in work: tiles from a counter there (4 sequences of 1024-16384: 0.9%
+    ahead, causal 2.2%; benchmarks/results/2026-12-04-h200-varlen-no-spill.md). A causal batch
+    whose sequences all have the longest length (tokens = batch * max_seqlen) is the dense
+    problem the config was chosen for: its own grid, persistent. Never a program per tile
+    (slower for varlen, -varlen-grids.md)."""
     if causal and equal_lengths:
         return dispatched.with_(persistent=max(dispatched.persistent, 1))
-    return dispatched.with_(persistent=1, dynamic=True)
+    if batch < VARLEN_DYNAMIC_BELOW:
+        return dispatched.with_(persistent=1, dynamic=True)
+    return dispatched.with_(persistent=max(dispatched.persistent, 1), dynamic=False)
 
 
 def _varlen_result(out, lse, return_softmax_lse: bool, return_attn_probs: bool):

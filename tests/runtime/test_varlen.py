@@ -226,20 +226,26 @@ def check_named_config(config, lens_q, lens_k, causal, heads_q=16, heads_kv=4, h
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
 
 
-def test_varlen_grid_follows_the_dense_config_only_for_equal_length_causal_batches():
-    """attention_varlen's grid for a dispatched Gluon config: tiles from a counter, except a
-    causal batch of equal lengths (the dense problem the config was tuned for), which keeps the
-    config's own persistent grid."""
-    from fa_autotune.runtime.api import varlen_grid
+def test_varlen_grid_is_static_but_for_few_sequences():
+    """attention_varlen's grid for a dispatched Gluon config: the static persistent grid from
+    VARLEN_DYNAMIC_BELOW sequences on, tiles from a counter below (few sequences' tiles differ
+    most in work), and a causal batch of equal lengths (the dense problem the config was
+    tuned for) keeps the config's own persistent grid; never a program per tile."""
+    from fa_autotune.runtime.api import VARLEN_DYNAMIC_BELOW, varlen_grid
 
     static = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2, persistent=1, section=4))
     tiles = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2))  # a program per tile
+    many, few = VARLEN_DYNAMIC_BELOW, VARLEN_DYNAMIC_BELOW - 1
     for causal, equal in ((False, False), (False, True), (True, False)):
-        chosen = varlen_grid(static, causal, equal)
+        chosen = varlen_grid(static.with_(dynamic=True), causal, equal, many)
+        assert not chosen.dynamic and chosen.persistent == 1 and chosen.section == 4
+        assert varlen_grid(tiles, causal, equal, many) == tiles.with_(persistent=1)
+        chosen = varlen_grid(static, causal, equal, few)
         assert chosen.dynamic and chosen.persistent == 1 and chosen.section == 4
-    assert varlen_grid(static, True, True) == static
-    assert varlen_grid(tiles, True, True) == tiles.with_(persistent=1)  # never a program per tile (slower for varlen)
-    assert varlen_grid(static.with_(dynamic=True), True, True).dynamic
+    for batch in (few, many):
+        assert varlen_grid(static, True, True, batch) == static
+        assert varlen_grid(tiles, True, True, batch) == tiles.with_(persistent=1)
+        assert varlen_grid(static.with_(dynamic=True), True, True, batch).dynamic
 
 
 def test_a_named_gluon_config_says_where_it_runs():
