@@ -252,7 +252,8 @@ def test_reports_registers_and_spills():
 def test_varlen_kernels_compile_for_hopper(tmp_path, config, sequences):
     """attention_varlen's kernel (the Q-outer body over packed sequences; a Gluon config's
     own varlen kernel) compiles for sm_90 in a fresh process, with wgmma; the Gluon one
-    keeps FlashAttention-3's structure (register hand-over, TMA loads)."""
+    keeps FlashAttention-3's structure (register hand-over, TMA loads) and its K/V step
+    loops touch no local memory."""
     import subprocess
     import sys
 
@@ -262,7 +263,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
-from fa_autotune.kernels.aot import _specialize, named_barriers
+from fa_autotune.kernels.aot import _specialize, disassemble, named_barriers, sass_loops
 from fa_autotune.kernels.launcher import VarlenPlan
 from fa_autotune.spec.config import KernelConfig
 config = KernelConfig.from_mapping({config.to_dict()!r})
@@ -277,16 +278,21 @@ source = (GluonASTSource if isinstance(launch.kernel, GluonJITFunction) else AST
 compiled = triton.compile(source(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                           options=launch.options)
 ptx = compiled.asm["ptx"]
+loops = sass_loops(disassemble(compiled.asm["cubin"]), innermost=True)
+local = sum(ops["LDL"] + ops["STL"] for _, _, ops in loops if ops["HGMMA"]) if loops else -1
 print("wgmma" in ptx, compiled.metadata.shared, "setmaxnreg" in ptx, "cp.async.bulk.tensor" in ptx,
-      ptx.count("bar.arrive"), repr(named_barriers(ptx)).replace(" ", ""))
+      ptx.count("bar.arrive"), repr(named_barriers(ptx)).replace(" ", ""), local)
 """)
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    uses_wgmma, shared, setmaxnreg, tma, arrives, barriers = result.stdout.split()
+    uses_wgmma, shared, setmaxnreg, tma, arrives, barriers, local = result.stdout.split()
     assert uses_wgmma == "True" and 0 < int(shared) <= SHARED_MEMORY_LIMIT[(9, 0)]
     if config.language == "gluon":
         assert setmaxnreg == tma == "True"
+        # no spill reloaded in the K/V steps (the tile count loaded before the partitions and
+        # the dynamic loop's bottom read once cost one every step); -1: cuobjdump missing
+        assert int(local) in (0, -1), f"{local} local loads/stores in the K/V step loops"
         assert_turns_clear_of_triton(ast.literal_eval(barriers), config.pingpong, int(arrives), config.consumers)
 
 
