@@ -538,8 +538,8 @@ VARLEN_DYNAMIC_BELOW = 16  # sequences: fewer, and attention_varlen takes its ti
 def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool, batch: int) -> KernelConfig:
     """The persistent grid attention_varlen runs a dispatched Gluon config's varlen kernel on:
     the static one (every programs-th tile; with the producer posting each tile and no spill
-    in the consumers it led the counter on the H200 by 0.3-5.5% with 16 or more sequences,
-    mixed or equal, causal or not), except for fewer than VARLEN_DYNAMIC_BELOW sequences, whose
+    in the consumers it led the counter on the H200 with 16 or more sequences: by 0.4-5.5% on
+    mixed lengths, causal or not, and 2.4% on equal ones without a mask), except for fewer than VARLEN_DYNAMIC_BELOW sequences, whose
     tiles differ most in work: tiles from a counter there (4 sequences of 1024-16384: 0.9%
     ahead, causal 2.2%; benchmarks/results/2026-12-04-h200-varlen-no-spill.md). A causal batch
     whose sequences all have the longest length (tokens = batch * max_seqlen) is the dense
