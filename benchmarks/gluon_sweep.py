@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fa_autotune.bench import Bench, _prepared  # noqa: E402
+from fa_autotune.bench import Bench, Unavailable, _prepared  # noqa: E402
 from fa_autotune.kernels import launcher  # noqa: E402
 from fa_autotune.spec.config import KernelConfig  # noqa: E402
 from fa_autotune.spec.problem import Problem  # noqa: E402
@@ -205,6 +205,14 @@ VARIANT_SETS = {
         "shipped": lambda problem: _shipped(problem),
         **{f"shipped lazy{t}": (lambda problem, t=t: dict(_shipped(problem), rescale_threshold=t)) for t in (4, 8)},
     },
+    # head dims past 128 (D=192 padded to 256): one Q buffer per consumer (no persistent grid:
+    # two Q buffers and the 2-deep 64-key K/V ring overflow shared memory), O staged in Q
+    "wide": {
+        **{f"n64 s2{name}": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, **knobs) for name, knobs in (
+            ("", {}), (" plain", dict(overlap=False)), (" lazy8", dict(rescale_threshold=8)),
+            (" pp", dict(pingpong=True)), (" plain pp", dict(overlap=False, pingpong=True)),
+            (" 1loop", dict(one_loop=True)), (" plain 1loop", dict(overlap=False, one_loop=True)))},
+    },
     # the same on the Gluon default (what an untuned problem, e.g. any GQA one, runs)
     "lazy_default": {
         "default": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
@@ -267,6 +275,13 @@ def llm_problems(quick: bool) -> list[Problem]:
             for n in (1024, 4096, 16384) for causal in (False, True)]
 
 
+def wide_problems(quick: bool) -> list[Problem]:
+    """Head dims 192 and 256, FlashAttention-4's anchor rows (shared/ANCHORS.md) and their fp16 twins."""
+    return [p for dtype in ("bfloat16", "float16")[:1 if quick else 2] for p in (
+        Problem(4, 16, 16, 4096, 4096, 192, dtype, True), Problem(2, 16, 16, 8192, 8192, 192, dtype),
+        Problem(2, 16, 16, 8192, 8192, 256, dtype), Problem(4, 8, 8, 4096, 4096, 256, dtype, True))]
+
+
 def problems(quick: bool) -> list[Problem]:
     out = []
     for dtype in ("bfloat16", "float16"):
@@ -279,13 +294,22 @@ def problems(quick: bool) -> list[Problem]:
     return out
 
 
-def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dict:
+def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: bool = False) -> dict:
     q, k, v = random_inputs(problem, "cuda", seed=0)
     ref, _ = reference_attention(q, k, v, causal=problem.causal)
-    bench = Bench(("tuned", "cudnn"), None)
+    baselines = ("cudnn", "tuned", "fa4") if fa4 else ("cudnn", "tuned")
+    bench = Bench(baselines, None)
     calls, contexts, detail, rows = {}, {}, {}, {}
-    for provider in ("cudnn", "tuned"):
-        fn, context, detail[provider] = bench.callable_for(provider, problem, q, k, v)
+    for provider in baselines:
+        try:
+            fn, context, detail[provider] = bench.callable_for(provider, problem, q, k, v)
+            report = compare(fn(), ref)
+        except Unavailable as exc:
+            rows[provider] = {"config": provider, "status": f"unavailable: {exc}"[:200]}
+            continue
+        if not report.passes(problem.dtype):
+            rows[provider] = {"config": detail[provider], "status": "wrong_result", "rel_error": report.rel}
+            continue
         calls[provider], contexts[provider] = fn, context
     for name, params in variants.items():
         params = dict(params(problem) if callable(params) else params)
@@ -320,6 +344,8 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dic
         ms = statistics.median(values)
         row = rows.setdefault(name, {"config": detail.get(name, name), "status": "ok"})
         row.update(ms=ms, tflops=problem.tflops(ms), vs_cudnn=statistics.median(samples["cudnn"]) / ms)
+        if "fa4" in samples:
+            row.update(vs_fa4=statistics.median(samples["fa4"]) / ms)
     return {"problem": problem.key, "rows": rows}
 
 
@@ -328,7 +354,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
-    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal"), default="mixed",
+    parser.add_argument("--fa4", action="store_true", help="FlashAttention-4 beside cuDNN (ratios to both)")
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal", "wide"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
                              "ones and two GQA; d64: llm-prefill's causal D=64 ones; d64_all: its D=64 ones; short_causal: its N=1024 "
                              "causal ones")
@@ -337,15 +364,16 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
-              "d64_all": d64_all_problems, "d128": d128_problems, "short_causal": short_causal_problems}[args.problems]
+              "d64_all": d64_all_problems, "d128": d128_problems, "short_causal": short_causal_problems,
+              "wide": wide_problems}[args.problems]
     for problem in chosen(args.quick):
-        results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms))
+        results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms, args.fa4))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)
     summary = {"environment": environment(), "rounds": args.rounds, "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gluon_sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
     env = summary["environment"]
-    names = ["cudnn", "tuned", *VARIANT_SETS[args.set]]
+    names = ["cudnn", "tuned", *(["fa4"] if args.fa4 else []), *VARIANT_SETS[args.set]]
     lines = [f"# Gluon FlashAttention-3 variants on {env.get('gpu')} ({env['date']})", "",
              f"torch {env['torch']}, triton {env['triton']}, cuDNN {env['cudnn']}, templates {env['template_hash']}; "
              f"median of {args.rounds} interleaved rounds of {args.rep_ms:.0f} ms; `tuned` is the dispatched "
@@ -359,7 +387,8 @@ def main() -> None:
             if row is None:
                 cells.append("-")
             elif "tflops" in row:
-                cells.append(f"{row['tflops']:.0f} ({row['vs_cudnn']:.2f}x)")
+                fa4_ratio = f", {row['vs_fa4']:.2f}x FA4" if "vs_fa4" in row else ""
+                cells.append(f"{row['tflops']:.0f} ({row['vs_cudnn']:.2f}x{fa4_ratio})")
             else:
                 cells.append(row["status"][:40])
         lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")

@@ -11,10 +11,12 @@ the forward and the backward together, as a training step runs them (key suffix
 Providers: ``tuned`` (the dispatcher), ``default`` (the built-in config), ``tutorial``
 (our template tuned only over the Triton fused-attention tutorial's config list,
 search_spaces/tutorial.yaml), SDPA's ``flash``, ``cudnn`` and ``efficient`` backends, and
-``flex`` (FlexAttention under torch.compile). Each provider's output is checked against a
-float32 reference before it is timed; a wrong or unavailable provider is reported, not
-timed. Ratios are against cuDNN; geomeans per dtype; the matmul ceiling is measured in
-the same run.
+``flex`` (FlexAttention under torch.compile), and ``fa4`` (FlashAttention-4, pip
+``flash-attn-4``: the ``[fa4]`` extra; on Hopper its SM90 kernels are FlashAttention-3's design),
+called on (B, N, H, D) copies of the inputs made before timing. Each provider's output is
+checked against a float32 reference before it is timed; a wrong or unavailable provider (FA4
+not installed, say) is reported, not timed. Ratios are against cuDNN, and against FA4 where it
+ran; geomeans per dtype; the matmul ceiling is measured in the same run.
 """
 from __future__ import annotations
 
@@ -45,8 +47,9 @@ from .tune.measure import time_callable
 from .tune.reference import compare, compare_all, reference_attention, reference_gradients
 from .tune.search import TuneOptions, Tuner
 
-PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex")
+PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex", "fa4")
 BASELINE = "cudnn"
+LEADER = "fa4"  # the strongest other kernels: ratios against it too, where it ran
 
 
 @dataclass
@@ -69,8 +72,8 @@ class Row:
     dtype: str
     cells: dict[str, Cell] = field(default_factory=dict)
 
-    def ratio(self, provider: str) -> float | None:
-        a, b = self.cells.get(provider), self.cells.get(BASELINE)
+    def ratio(self, provider: str, base: str = BASELINE) -> float | None:
+        a, b = self.cells.get(provider), self.cells.get(base)
         return cell_ratio(asdict(a), asdict(b)) if a and b else None
 
 
@@ -133,6 +136,34 @@ def _flex(problem: Problem, q, k, v):
     return lambda: compiled(q, k, v, block_mask=mask, enable_gqa=gqa)
 
 
+def _fa4_func():
+    """FlashAttention-4's ``flash_attn_func``, or :class:`Unavailable` saying how to get it."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError as exc:
+        raise Unavailable(f"flash-attn-4 is not importable ({exc}); pip install 'fa-autotune[fa4]'") from None
+    return flash_attn_func
+
+
+def _fa4_layout(problem: Problem, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """FA4's (B, N, H, D) contiguous copies of (B, H, N, D) tensors (made outside the timed
+    call); its causal diagonal is flash-attn's, bottom-right."""
+    if problem.causal and problem.causal_align != "bottom_right" and problem.seqlen_q != problem.seqlen_k:
+        raise Unavailable("FlashAttention-4 aligns the causal diagonal bottom-right")
+    return [t.transpose(1, 2).contiguous() for t in tensors]
+
+
+def _fa4_call(problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
+    """A call of FA4 on (B, N, H, D) tensors returning its output as a (B, H, N, D) view."""
+    func = _fa4_func()
+
+    def call():
+        out = func(q, k, v, causal=problem.causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+    return call
+
+
 class Bench:
     def __init__(self, providers: tuple[str, ...], db_url: str | None, tutorial_trials: int | None = None,
                  rep_ms: float = 200.0, with_forward: bool = False, rounds: int = 1) -> None:
@@ -167,6 +198,8 @@ class Bench:
             return _prepared(cfg, problem, q, k, v), None, cfg.name
         if provider == "flex":
             return _flex(problem, q, k, v), None, "torch.compile(flex_attention)"
+        if provider == LEADER:
+            return _fa4_call(problem, *_fa4_layout(problem, q, k, v)), None, "flash_attn.cute.flash_attn_func"
         fn, context = sdpa_call(provider, problem, q, k, v)
         return fn, context, f"SDPA {provider}"
 
@@ -195,6 +228,8 @@ class Bench:
             return call, None, chosen.name
         if provider == "tutorial":
             raise Unavailable("the tutorial's configs are forward kernels, not KV-cache ones")
+        if provider == LEADER:
+            raise Unavailable("fa4's KV-cache path is not wired into the bench")
         q, k, v = x.reference
         if provider == "flex":
             return _flex(problem, q, k, v), None, "torch.compile(flex_attention), dense K/V"
@@ -209,7 +244,7 @@ class Bench:
         with ``with_forward`` a fresh forward and its backward."""
         fwd = replace(problem, kind="fwd")
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        context = None
+        context, layout = None, "bhnd"
         if provider == "tuned":
             info = api.explain(q, k, v, fwd.causal, causal_align=fwd.causal_align)["backward"]
             run, detail = (lambda: api.attention(*leaves, fwd.causal, causal_align=fwd.causal_align)), \
@@ -217,6 +252,11 @@ class Bench:
         elif provider == "flex":
             flex = _flex(fwd, *leaves)
             run, detail = flex, "torch.compile(flex_attention)"
+        elif provider == LEADER:  # on (B, N, H, D) leaves and dO; gradients handed back as (B, H, N, D) views
+            leaves = [t.requires_grad_(True) for t in _fa4_layout(fwd, q, k, v)]
+            dout = dout.transpose(1, 2).contiguous()
+            fa4 = _fa4_call(fwd, *leaves)
+            run, detail, layout = (lambda: fa4().transpose(1, 2)), "flash_attn.cute.flash_attn_func", "bnhd"
         elif provider in ("cudnn", "flash", "efficient"):
             if fwd.causal and fwd.causal_align == "bottom_right" and fwd.seqlen_q != fwd.seqlen_k:
                 raise Unavailable("SDPA's is_causal aligns top-left")
@@ -227,11 +267,14 @@ class Bench:
         with (context() if context else contextlib.nullcontext()):
             out = run()
 
+        def bhnd(grads):
+            return tuple(g.transpose(1, 2) for g in grads) if layout == "bnhd" else grads
+
         def call():
-            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+            return bhnd(torch.autograd.grad(out, leaves, dout, retain_graph=True))
 
         def step():
-            return torch.autograd.grad(run(), leaves, dout)
+            return bhnd(torch.autograd.grad(run(), leaves, dout))
         return (step if self.with_forward else call), context, detail
 
     def run_problem(self, problem: Problem) -> Row:
@@ -314,16 +357,22 @@ def matmul_ceiling(dtype: torch.dtype = torch.bfloat16, n: int = 8192) -> float:
 
 
 def geomeans(rows: list[Row], providers: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
-    """Per dtype and provider: geomean TFLOPS and geomean ratio against cuDNN."""
+    """Per dtype (and over all rows, key "all") and provider: geomean TFLOPS, geomean and worst
+    ratio against cuDNN, and against FA4 where it is a provider (None where a row lacks one)."""
     out: dict[str, dict[str, float | None]] = {}
-    for dtype in sorted({r.dtype for r in rows}):
-        subset = [r for r in rows if r.dtype == dtype]
+    bases = (BASELINE, LEADER) if LEADER in providers else (BASELINE,)
+    groups = {dtype: [r for r in rows if r.dtype == dtype] for dtype in sorted({r.dtype for r in rows})}
+    if len(groups) > 1:
+        groups["all"] = list(rows)
+    for dtype, subset in groups.items():
         for p in providers:
             values = [r.cells[p].tflops for r in subset if p in r.cells and r.cells[p].tflops]
-            ratios = [r.ratio(p) for r in subset if r.ratio(p)]
             out.setdefault(dtype, {})[f"{p}_tflops"] = _geo(values) if len(values) == len(subset) else None
-            out[dtype][f"{p}_vs_cudnn"] = _geo(ratios) if len(ratios) == len(subset) else None
-            out[dtype][f"{p}_min_vs_cudnn"] = min(ratios) if len(ratios) == len(subset) else None
+            for base in bases:
+                name = "cudnn" if base == BASELINE else base
+                ratios = [r.ratio(p, base) for r in subset if r.ratio(p, base)]
+                out[dtype][f"{p}_vs_{name}"] = _geo(ratios) if len(ratios) == len(subset) else None
+                out[dtype][f"{p}_min_vs_{name}"] = min(ratios) if len(ratios) == len(subset) else None
     return out
 
 
@@ -442,15 +491,21 @@ def markdown(summary: dict, providers: tuple[str, ...]) -> str:
             else:
                 cells.append(f"{c['tflops']:.0f}{ratio}")
         lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
-    lines += ["", "Geomeans per dtype (TFLOPS; ratio to cuDNN; worst problem's ratio; % of the bf16 matmul ceiling):", ""]
-    lines += ["| dtype | provider | TFLOPS | vs cuDNN | worst vs cuDNN | % of matmul |", "|---|---|---|---|---|---|"]
+    leader = LEADER in providers
+    lines += ["", "Geomeans per dtype (TFLOPS; ratio to cuDNN; worst problem's ratio; % of the bf16 matmul ceiling"
+              + ("; the same against FA4" if leader else "") + "):", ""]
+    lines += ["| dtype | provider | TFLOPS | vs cuDNN | worst vs cuDNN | % of matmul |"
+              + (" vs FA4 | worst vs FA4 |" if leader else ""), "|---|---|---|---|---|---|" + ("---|---|" if leader else "")]
     for dtype, g in summary["geomeans"].items():
         for p in providers:
             t, ratio, worst = g.get(f"{p}_tflops"), g.get(f"{p}_vs_cudnn"), g.get(f"{p}_min_vs_cudnn")
             if t is None or ratio is None:
                 continue
-            lines.append(f"| {dtype} | {p} | {t:.0f} | {ratio:.3f}x | {worst:.3f}x | "
-                         f"{100 * t / summary['bf16_matmul_tflops']:.0f}% |")
+            line = f"| {dtype} | {p} | {t:.0f} | {ratio:.3f}x | {worst:.3f}x | {100 * t / summary['bf16_matmul_tflops']:.0f}% |"
+            if leader:
+                vs, low = g.get(f"{p}_vs_{LEADER}"), g.get(f"{p}_min_vs_{LEADER}")
+                line += f" {vs:.3f}x | {low:.3f}x |" if vs is not None else " - | - |"
+            lines.append(line)
     lines += ["", "Configs used:", ""]
     for r in summary["rows"]:
         details = "; ".join(f"{p}: {c['detail']}" for p, c in r["cells"].items()

@@ -561,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(seqlen=None)
     p.add_argument("--space", default="fwd", help="search space holding the preset")
     p.add_argument("--providers", default=None, help="comma-separated subset of: tuned, default, tutorial, cudnn, "
-                                                     "flash, efficient, flex")
+                                                     "flash, efficient, flex, fa4 (FlashAttention-4, the [fa4] extra)")
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")

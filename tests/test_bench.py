@@ -273,3 +273,86 @@ def test_markdown_and_resume_know_the_rounds(tmp_path):
     assert "| p | 1 (1.10x) | 1 (1.00x) |" in text  # median of 1.1, 1.0, 1.11
     with pytest.raises(FaAutotuneError, match="--rounds 3, not 1"):
         resume(tmp_path / "r", ("tuned", "cudnn"), 1)
+
+
+def test_fa4_without_flash_attn_is_unavailable_and_says_how_to_get_it(monkeypatch):
+    from fa_autotune.bench import Unavailable
+    from fa_autotune.spec.problem import Problem
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # an import of it raises ImportError
+    problem = Problem(1, 2, 2, 8, 8, 16, "float32")
+    q = k = v = torch.zeros(1, 2, 8, 16)
+    with pytest.raises(Unavailable, match=r"fa-autotune\[fa4\]"):
+        Bench(("fa4",), None).callable_for("fa4", problem, q, k, v)
+
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    """A stand-in for flash_attn.cute.flash_attn_func that insists on FA4's calling convention
+    ((B, N, H, D) contiguous tensors, GQA by head count, causal bottom-right) and returns
+    (out, lse) as FA4 does, computed with differentiable torch ops."""
+    import types
+
+    calls = []
+
+    def flash_attn_func(q, k, v, causal=False):
+        calls.append(causal)
+        assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        group = qt.shape[1] // kt.shape[1]
+        kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+        s = qt @ kt.transpose(-1, -2) * qt.shape[-1] ** -0.5
+        if causal:
+            nq, nk = s.shape[-2:]
+            s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq).logical_not(), float("-inf"))
+        return (s.softmax(-1) @ vt).transpose(1, 2), s.logsumexp(-1)
+
+    module = types.ModuleType("flash_attn.cute")
+    module.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", module)
+    return calls
+
+
+def test_fa4_runs_on_bnhd_copies_and_answers_in_bhnd(fake_fa4):
+    """The bench hands FA4 (B, N, H, D) copies made before timing and checks its output, and
+    its gradients, as (B, H, N, D) like every other provider's."""
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.tune.reference import compare, compare_all, reference_attention, reference_gradients
+
+    problem = Problem(2, 4, 2, 24, 24, 16, "float32", causal=True)
+    q, k, v = (torch.randn(2, h, 24, 16) for h in (4, 2, 2))
+    fn, context, detail = Bench(("fa4",), None).callable_for("fa4", problem, q, k, v)
+    assert context is None and "flash_attn_func" in detail
+    ref, _ = reference_attention(q, k, v, causal=True)
+    out = fn()
+    assert out.shape == q.shape and compare(out, ref).passes("float32")
+    dout = torch.randn_like(q)
+    grad_fn, _, _ = Bench(("fa4",), None).backward_callable_for("fa4", problem.with_kind("bwd"), q, k, v, dout)
+    grads = grad_fn()
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert compare_all(grads, reference_gradients(q, k, v, dout, causal=True)).passes("float32")
+    assert fake_fa4 == [True, True]
+
+
+def test_fa4_refuses_a_top_left_diagonal_it_cannot_draw(fake_fa4):
+    from fa_autotune.bench import Unavailable
+    from fa_autotune.spec.problem import Problem
+
+    problem = Problem(1, 2, 2, 8, 24, 16, "float32", causal=True)  # top-left, seqlen_q != seqlen_k
+    q, k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
+    with pytest.raises(Unavailable, match="bottom-right"):
+        Bench(("fa4",), None).callable_for("fa4", problem, q, k, v)
+
+
+def test_ratios_against_fa4_beside_cudnn():
+    rows = [row("a", "float16", cudnn=1.0, tuned=0.5, fa4=0.4), row("b", "bfloat16", cudnn=1.0, tuned=1.0, fa4=1.25)]
+    g = geomeans(rows, ("tuned", "cudnn", "fa4"))
+    assert math.isclose(g["float16"]["tuned_vs_fa4"], 0.8) and math.isclose(g["bfloat16"]["tuned_vs_fa4"], 1.25)
+    assert math.isclose(g["all"]["tuned_vs_fa4"], 1.0) and math.isclose(g["all"]["tuned_min_vs_fa4"], 0.8)
+    summary = {"environment": {"gpu": "G", "date": "d", "torch": "t", "triton": "x", "cuda": "c", "cudnn": 1,
+                               "fa_autotune": "f", "template_hash": "h"}, "preset": "anchors",
+               "bf16_matmul_tflops": 1.0, "geomeans": g, "rows": []}
+    text = markdown(summary, ("tuned", "cudnn", "fa4"))
+    assert "| all | tuned | 1 | 1.414x | 1.000x | 141% | 1.000x | 0.800x |" in text
+    assert "cudnn_vs_fa4" not in geomeans(rows, ("tuned", "cudnn"))["float16"]

@@ -20,10 +20,17 @@ _SPLIT_KV_MAX_QROWS = 64
 # of the Triton winners tuned before it (benchmarks/results/2026-12-01-h200-gluon-bench-llm-prefill.md).
 GLUON_DEFAULT = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
                              num_stages=2, persistent=1)
+# Past D=128 (192 runs padded to 256): 64-key steps two deep, one Q buffer per consumer (a
+# persistent grid's second one does not fit beside the ring), O staged in the Q buffer, lazy
+# rescaling. On an H200 it ran 0.90-0.96x FlashAttention-4 and 1.03-1.07x cuDNN at D=256,
+# 0.76-0.79x FA4 at D=192, against 0.43-0.63x FA4 for the Triton kernel before it
+# (benchmarks/results/2026-12-04-h200-gluon-wide/gluon_sweep.md).
+GLUON_WIDE = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64, num_warps=4,
+                          num_stages=2, rescale_threshold=8)
 
 
 def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> list[KernelConfig]:
-    """Gluon structures a tune should measure first on Hopper (fp16/bf16, D <= 128), each the
+    """Gluon structures a tune should measure first on Hopper (fp16/bf16), each the
     best of an H200 sweep somewhere: the default; on causal grids the same with dynamic tile
     scheduling (1.00-1.06x cuDNN at N >= 4096) and without the intra-warpgroup overlap in one
     K/V loop, dynamic and static (the best Gluon kernels at D=64); three consumers at D <= 64
@@ -32,10 +39,13 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     -sweep-consumers.md, -exp2-emu.md); at D <= 64 causal, both with half diagonal steps
     (2026-12-02-h200-half-step-d64.md); at D <= 64 three consumers taking turns, and on causal
     grids two (2026-12-02-h200-pingpong-3c-d64.md); past D=64 the default with lazy rescaling
-    (2026-12-02-h200-lazy-rescale.md)."""
+    (2026-12-02-h200-lazy-rescale.md); past D=128 the wide default, without lazy rescaling and
+    with the consumers taking turns (2026-12-04-h200-gluon-wide)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
-            or problem.head_dim_pad > 128 or problem.decode or problem.backward:
+            or problem.decode or problem.backward:
         return []
+    if problem.head_dim_pad > 128:
+        return [GLUON_WIDE, GLUON_WIDE.with_(rescale_threshold=0), GLUON_WIDE.with_(pingpong=True)]
     out = [GLUON_DEFAULT]
     if problem.causal:
         out += [GLUON_DEFAULT.with_(dynamic=True),
@@ -86,9 +96,9 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
         )
     if d <= 64:  # H200 sweep: plain pointers with 8 warps beat TMA at D=64
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, access="pointer")
-    if gluon and capability is not None and capability[0] == 9 and 64 < d <= 128 \
+    if gluon and capability is not None and capability[0] == 9 and 64 < d \
             and problem.dtype in ("float16", "bfloat16"):
-        return GLUON_DEFAULT
+        return GLUON_DEFAULT if d <= 128 else GLUON_WIDE
     if d <= 128:
         return KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, access=access)
     return KernelConfig(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, access=access)

@@ -226,6 +226,45 @@ def test_gluon_variants_past_shared_memory_are_statuses():
     assert result.status == "out_of_resources" and result.kernels[0].shared_bytes > SHARED_MEMORY_LIMIT[(9, 0)]
 
 
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_gluon_kernels_fit_without_spills(head_dim):
+    """Past D=128 (192 padded to 256) the Gluon forward stages O in its Q buffer: one Q buffer
+    per consumer and a 2-deep ring of 64-key K/V tiles fit Hopper's shared memory with no
+    separate O buffer, the wgmmas run 256 columns wide, and the K/V step loops keep the
+    64 x 256 fp32 accumulator in registers (no local loads or stores); a persistent grid's
+    second Q buffer does not fit, which the tuner records as a status."""
+    from fa_autotune.spec.defaults import GLUON_WIDE
+
+    problem = Problem(2, 16, 4, 4096, 4096, head_dim, "bfloat16", causal=True)
+    wide, turns, persistent = GLUON_WIDE, GLUON_WIDE.with_(pingpong=True), GLUON_WIDE.with_(persistent=1)
+    results = compile_many([wide, turns, persistent], problem, jobs=2, sass=True)
+    for config, result in zip((wide, turns), results):
+        assert result.status == "ok", result.error
+        (kernel,) = result.kernels
+        counts = dict(kernel.instructions)
+        assert f"inc {config.consumer_regs}" in kernel.setmaxnreg and counts["cp.async.bulk.tensor"] >= 4
+        assert {"m64n256k16.f32.bf16.bf16", "m64n64k16.f32.bf16.bf16"} <= set(kernel.mma)
+        # two 64 x 256 Q tiles and two 64 x 256 K and V stages, and barriers: no O buffer
+        assert 4 * 64 * 256 * 2 + 2 * 64 * 256 * 2 < kernel.shared_bytes <= 6 * 64 * 256 * 2 + 1024
+        assert kernel.step_loop_local_memory == 0
+    assert results[2].status == "out_of_resources"
+
+
+@pytest.mark.parametrize("head_dim, pad, config", [(192, 256, "wide"), (96, 128, "default")])
+def test_gluon_qk_reads_only_the_real_head_dim_columns(head_dim, pad, config):
+    """Past a padded head dim the Gluon forward's Q K^T runs over the first half and the next
+    power of two of columns (launcher.qk_rest), not the padded width: fewer wgmma k-steps than
+    the same kernel at the padded head dim, the PV product unchanged."""
+    from fa_autotune.spec.defaults import GLUON_DEFAULT, GLUON_WIDE
+
+    cfg = GLUON_WIDE if config == "wide" else GLUON_DEFAULT
+    trimmed, padded = (compile_many([cfg], Problem(2, 16, 16, 4096, 4096, d, "bfloat16"), jobs=1)[0]
+                       for d in (head_dim, pad))
+    count = [dict(r.kernels[0].instructions)["wgmma.mma_async"] for r in (trimmed, padded)]
+    assert 0 < count[0] < count[1], count
+    assert trimmed.kernels[0].mma == padded.kernels[0].mma
+
+
 def test_reports_registers_and_spills():
     """The report reads ptxas's allotment from the cubin: FlashAttention-3's two 64-row
     consumers keep their accumulators in registers (no local loads or stores in the K/V step

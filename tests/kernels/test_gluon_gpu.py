@@ -128,6 +128,53 @@ def test_three_consumers_in_turn(knob, shape, dtype, causal):
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
 
 
+# Head dims past 128 (192 padded to 256 inside the kernel): one Q buffer per consumer, 64-key
+# steps two deep, O staged in the Q buffer and the Q buffer released after O's store.
+WIDE_KNOBS = {
+    "overlap": dict(BLOCK_N=64),
+    "plain": dict(BLOCK_N=64, overlap=False),
+    "lazy8": dict(BLOCK_N=64, rescale_threshold=8),
+    "pingpong": dict(BLOCK_N=64, pingpong=True),
+    "plain-one-loop": dict(BLOCK_N=64, overlap=False, one_loop=True),
+}
+WIDE_SHAPES = {
+    "causal-gqa-1000-d256": (2, 8, 2, 1000, 1000, 256, True, "top_left"),
+    "full-2049-d192": (2, 4, 4, 2049, 2049, 192, False, "top_left"),
+    "causal-br-q300-k2000-d160": (1, 8, 8, 300, 2000, 160, True, "bottom_right"),
+    "causal-br-q50-k21-d256-emptyrows": (2, 4, 4, 50, 21, 256, True, "bottom_right"),
+    "full-q1-k3000-d256-mqa": (3, 8, 1, 1, 3000, 256, False, "top_left"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("shape", list(WIDE_SHAPES))
+@pytest.mark.parametrize("knob", list(WIDE_KNOBS))
+def test_wide_head_dims(knob, shape, dtype):
+    b, hq, hkv, nq, nk, d, causal, align = WIDE_SHAPES[shape]
+    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
+    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **WIDE_KNOBS[knob]),
+                         return_lse=True)
+    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+
+
+def test_wide_head_dims_varlen():
+    """Packed sequences at D=256 (the varlen kernel stages O in its Q buffer too; ragged last
+    tiles store with a row mask)."""
+    from fa_autotune import attention_varlen
+
+    lengths = [1, 300, 777, 64, 1500]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
+    total, h, hk, d = int(cu[-1]), 8, 2, 256
+    q, k, v = (torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16) for n in (h, hk, hk))
+    for causal in (False, True):
+        out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
+                               config=dict(BASE, BLOCK_N=64))
+        for i, n in enumerate(lengths):
+            s = slice(int(cu[i]), int(cu[i + 1]))
+            one = lambda t: t[s].transpose(0, 1).unsqueeze(0)  # noqa: E731
+            assert_close_to_reference(one(out), one(q), one(k), one(v), causal=causal, causal_align="bottom_right")
+
+
 LAZY_KNOBS = {
     "overlap-persistent": dict(persistent=1),
     "plain-pingpong-half-dynamic": dict(overlap=False, pingpong=True, half_step=True, persistent=1, dynamic=True),

@@ -1,11 +1,11 @@
 """The built-in configs: FlashAttention-3 in Gluon where it was measured to win (Hopper,
-fp16/bf16, 64 < D <= 128), the Triton kernels elsewhere and as the Gluon kernel's stand-in."""
+fp16/bf16, D > 64), the Triton kernels elsewhere and as the Gluon kernel's stand-in."""
 from __future__ import annotations
 
 import pytest
 
-from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, backward_default,
-                                       default_config, defaults_for)
+from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, GLUON_WIDE,
+                                       backward_default, default_config, defaults_for, gluon_candidates)
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.space import load_space
 from fa_autotune.spec.target import GpuInfo
@@ -26,7 +26,7 @@ def test_hopper_prefill_defaults_to_gluon(head_dim, dtype):
 
 @pytest.mark.parametrize("problem, capability", [
     (Problem(2, 16, 16, 4096, 4096, 64, "float16"), (9, 0)),  # D=64: the Triton kernel won
-    (Problem(2, 16, 16, 4096, 4096, 256, "float16"), (9, 0)),  # D=256: Gluon tiles do not fit
+    (Problem(2, 16, 16, 4096, 4096, 256, "float16"), (8, 0)),
     (Problem(2, 16, 16, 4096, 4096, 128, "float32"), (9, 0)),
     (Problem(2, 16, 16, 4096, 4096, 128, "float8_e4m3fn"), (9, 0)),
     (Problem(2, 16, 16, 1, 4096, 128, "float16"), (9, 0)),  # decode: split-KV
@@ -36,6 +36,22 @@ def test_hopper_prefill_defaults_to_gluon(head_dim, dtype):
 ])
 def test_triton_elsewhere(problem, capability):
     assert default_config(problem, capability).language == "triton"
+
+
+@pytest.mark.parametrize("head_dim", [136, 192, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wide_head_dims_default_to_gluon_past_128(head_dim, dtype):
+    """Past D=128 the Gluon kernel with one Q buffer per consumer and 64-key steps (a
+    persistent grid's two Q buffers do not fit beside the ring); its warm start stays in the
+    Hopper space and never asks for a persistent grid."""
+    problem = Problem(2, 16, 4, 4096, 4096, head_dim, dtype, causal=True)
+    assert default_config(problem, (9, 0)) == GLUON_WIDE
+    first, second = defaults_for(problem, HOPPER)
+    assert first == GLUON_WIDE and second.language == "triton"
+    candidates = gluon_candidates(problem, (9, 0))
+    assert candidates[0] == GLUON_WIDE and not any(c.persistent for c in candidates)
+    grid = set(load_space("fwd").for_arch("sm90").grid(problem))
+    assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
 
 
 def test_one_default_where_gluon_is_not_picked():
