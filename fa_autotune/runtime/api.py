@@ -121,21 +121,51 @@ def _refuse_grad(*tensors) -> None:
 
 class _Attention(torch.autograd.Function):
     """attention() with a backward: the forward keeps the output and the log-sum-exp, the
-    backward runs the backward kernels (dQ, dK, dV)."""
+    backward runs the backward kernels (dQ, dK, dV). The LSE is differentiable (ring /
+    context-parallel attention merges partial results through it): d lse_i / d s_ij = P_ij,
+    so its gradient folds into the backward's row term, delta_i = rowsum(dO_i * O_i) - dLSE_i."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, config, causal_align, deterministic):
         out, lse = attention(q, k, v, causal, scale, config, causal_align=causal_align, return_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, scale, causal_align, deterministic)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # an unused LSE (or output) costs no zeros and no fold
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options)
+        if dout is None and dlse is None:
+            return None, None, None, None, None, None, None, None
+        if dout is None:  # a loss of the LSE alone
+            dout = torch.zeros_like(out)
+        if torch.is_grad_enabled():  # create_graph=True: gradients whose own backward refuses
+            dq, dk, dv = _AttentionGradients.apply(q, k, v, out, lse, dout, dlse, *ctx.options)
+        else:
+            dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options, dlse=dlse)
         return dq, dk, dv, None, None, None, None, None
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "fa_autotune.attention has no double backward: its gradients come from kernels autograd cannot "
+    "differentiate, so a loss built from them (a gradient penalty, a Hessian-vector product through "
+    "create_graph=True) would silently get no gradient through attention. Use "
+    "torch.nn.functional.scaled_dot_product_attention for that part of the model")
+
+
+class _AttentionGradients(torch.autograd.Function):
+    """The backward kernels as a node of their own under ``create_graph=True``: the gradients
+    then carry a graph (so they are not silently constants) whose backward raises, instead of
+    a second-order term that silently contributes nothing."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, out, lse, dout, dlse, causal, scale, causal_align, deterministic):
+        return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align, deterministic, dlse=dlse)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise InputError(DOUBLE_BACKWARD_MESSAGE)
 
 
 def _backward_config(problem: Problem, q, k, v, dout, deterministic: bool = False) -> KernelConfig:
@@ -172,13 +202,17 @@ def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, de
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, causal: bool = False, scale: float | None = None,
-                       causal_align: str = "top_left", deterministic: bool = False):
+                       causal_align: str = "top_left", deterministic: bool = False, *,
+                       dlse: torch.Tensor | None = None):
     """(dq, dk, dv) of attention(q, k, v, causal, scale, causal_align=...) given its output,
-    its log-sum-exp and the output's gradient (any strides). The config and launch plan of
+    its log-sum-exp and the output's gradient (any strides); ``dlse``, the gradient of the
+    (natural-log) LSE, (batch, heads_q, seqlen_q), is folded into the row term the kernels
+    read (delta - dlse), one elementwise op more. The config and launch plan of
     each layout are kept (with the forward's plans): building them sends every kernel through
     Triton's JIT path, which cost the Gluon backward about 0.4 ms a call at N=1024 on an H200."""
     key = cached = None
-    if all(isinstance(t, torch.Tensor) for t in (q, k, v, out, dout)):  # else the checks below say what is wrong
+    # else the checks below say what is wrong (causal=1 among them: it would share True's key)
+    if causal.__class__ is bool and all(isinstance(t, torch.Tensor) for t in (q, k, v, out, dout)):
         aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) & 15
         key = ("bwd", q.shape, k.shape, v.shape, out.shape, dout.shape, q.stride(), k.stride(), v.stride(),
                out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, k.device,
@@ -196,6 +230,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             check_interpretable(q)
         cached = (problem, None if problem.is_empty else _backward_config(problem.with_kind("bwd"), q, k, v, dout,
                                                                           deterministic), None)
+    if dlse is not None:
+        _check_dlse(dlse, q)
     problem, config, plan = cached
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if config is None:
@@ -206,13 +242,22 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                                 problem.causal_offset, problem.causal)
             if key is not None:
                 _keep(key, (problem, config, plan))
-        plan(q, k, v, out, dout, lse, dq, dk, dv)
+        plan(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
         if failure is exc:
             raise
         raise failure from exc
     return dq, dk, dv
+
+
+def _check_dlse(dlse, q) -> None:
+    """The LSE gradient: fp32 (batch, heads_q, seqlen_q) on q's device, as the LSE is."""
+    if not isinstance(dlse, torch.Tensor) or dlse.shape != q.shape[:3] or dlse.dtype != torch.float32 \
+            or dlse.device != q.device:
+        got = (f"{dlse.dtype} {tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
+               else type(dlse).__name__)
+        raise InputError(f"dlse must be a float32 tensor of shape {tuple(q.shape[:3])} on {q.device}, got {got}")
 
 
 def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
@@ -691,13 +736,13 @@ def _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
 
 @torch.library.custom_op("fa_autotune::attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                           dout: torch.Tensor, causal: bool, scale: float | None,
-                           causal_align: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align)
+                           dout: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
+                           dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align, dlse=dlse)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, scale, causal_align):
+def _(q, k, v, out, lse, dout, causal, scale, causal_align, dlse=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -707,9 +752,13 @@ def _setup_backward(ctx, inputs, output) -> None:
     ctx.options = (causal, scale, causal_align)
 
 
-def _op_backward(ctx, dout, _dlse):
+def _op_backward(ctx, dout, dlse):
+    """As _Attention.backward: the LSE's gradient folds into the row term. (torch.compile's
+    autograd has no double backward of its own: it refuses create_graph=True itself.)"""
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fa_autotune.attention_backward(q, k, v, out, lse, dout, *ctx.options)
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa_autotune.attention_backward(q, k, v, out, lse, dout, *ctx.options, dlse)
     return dq, dk, dv, None, None, None, None, None
 
 
