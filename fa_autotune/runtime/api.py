@@ -88,7 +88,10 @@ def attention(
         return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic)
     if torch.compiler.is_compiling():
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
-    if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+    # causal joins the key only as a bool: 1 == True hashes alike, and a plan found for True
+    # must not answer causal=1 (which _run_once refuses) just because True came first.
+    if config is None and causal.__class__ is bool and isinstance(q, torch.Tensor) and isinstance(
+            k, torch.Tensor) and isinstance(v, torch.Tensor):
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, causal, _scale_key(scale), causal_align, return_lse)
         plan = _PLANS.get(key)
