@@ -63,13 +63,17 @@ def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool = False,
+    causal: bool | None = None,
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
     *,
     causal_align: str = "top_left",
     return_lse: bool = False,
     deterministic: bool = False,
+    is_causal: bool | None = None,
+    enable_gqa: bool | None = None,
+    attn_mask: None = None,
+    dropout_p: float = 0.0,
 ):
     """Scaled dot-product attention on (batch, heads, seqlen, head_dim) tensors, differentiable
     in q, k and v (the backward kernels run on ``loss.backward()``; ``deterministic=True``
@@ -83,7 +87,18 @@ def attention(
     variant (a mapping of template parameters); ``None`` asks the dispatcher (tuned
     results for this GPU, else a built-in default). CPU tensors run in Triton's
     interpreter (slow; for tests).
+
+    SDPA's keyword names are taken where the meaning is the same, so calls port unchanged:
+    ``is_causal`` (``causal``; not both), ``scale``, ``enable_gqa`` (GQA always works when
+    heads_q % heads_kv == 0; ``False`` with differing head counts raises, as SDPA does);
+    ``attn_mask`` other than None and ``dropout_p`` other than 0 raise. ``causal=None`` is
+    False. Unlike SDPA, the LSE is differentiable, and there is no double backward: a loss
+    of the gradients (create_graph=True) raises on its backward.
     """
+    if is_causal is not None or enable_gqa is not None or attn_mask is not None or dropout_p:
+        causal = _sdpa_options(q, k, causal, is_causal, enable_gqa, attn_mask, dropout_p)
+    elif causal is None:
+        causal = False
     if _wants_grad(q, k, v):
         return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic)
     if torch.compiler.is_compiling():
@@ -104,6 +119,36 @@ def attention(
             plan.launch(q, k, v, out, lse)
             return (out, lse) if return_lse else out
     return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
+
+
+def _sdpa_options(q, k, causal, is_causal, enable_gqa, attn_mask, dropout_p) -> Any:
+    """``causal`` given SDPA's names for attention's options (``causal`` None when not
+    passed); raises where SDPA's meaning is one fa_autotune does not implement."""
+    if attn_mask is not None:
+        raise InputError("attn_mask is not supported: fa_autotune runs no mask but the causal one (causal=True or "
+                         "is_causal=True, causal_align for its diagonal); pass attn_mask=None")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0:
+        raise InputError(f"dropout_p={dropout_p!r}: attention dropout is not supported; pass 0.0")
+    if enable_gqa is not None:
+        if not isinstance(enable_gqa, bool):
+            raise InputError(f"enable_gqa must be True or False, got {enable_gqa!r}")
+        heads = [getattr(t, "shape", (None, None))[1] if getattr(t, "dim", lambda: 0)() == 4 else None
+                 for t in (q, k)]
+        if not enable_gqa and None not in heads and heads[0] != heads[1]:
+            raise InputError(f"enable_gqa=False but q has {heads[0]} heads and k/v {heads[1]}: pass enable_gqa=True "
+                             "(or leave it out) for grouped-query attention, as SDPA requires")
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    return False if causal is None else causal
+
+
+def sdpa_alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """An option given under its own name or under SDPA's (None: not given); both raises,
+    since one of the two would be silently ignored."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise InputError(f"pass {name} or its SDPA name {alias}, not both")
+    return alias_value
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -287,7 +332,7 @@ def attention_fp8(
     q: torch.Tensor | Fp8Inputs,
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
     *,
@@ -300,6 +345,10 @@ def attention_fp8(
     causal_align: str = "top_left",
     out_dtype: torch.dtype | None = None,
     return_lse: bool = False,
+    is_causal: bool | None = None,
+    enable_gqa: bool | None = None,
+    attn_mask: None = None,
+    dropout_p: float = 0.0,
 ):
     """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
     fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
@@ -310,8 +359,10 @@ def attention_fp8(
     (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
-    fp16/bf16, else bfloat16); otherwise as :func:`attention`.
+    fp16/bf16, else bfloat16); otherwise as :func:`attention` (SDPA's keyword names too).
     """
+    causal = _sdpa_options(q.q if isinstance(q, Fp8Inputs) else q, q.k if isinstance(q, Fp8Inputs) else k, causal,
+                           is_causal, enable_gqa, attn_mask, dropout_p)
     _refuse_grad(q, k, v, *((q.q, q.k, q.v) if isinstance(q, Fp8Inputs) else ()))
     if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
         raise InputError(f"max_error must be a positive number, got {max_error!r}")
@@ -474,7 +525,7 @@ def attention_varlen(
     max_seqlen_k: int,
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
@@ -484,6 +535,8 @@ def attention_varlen(
     return_softmax_lse: bool = False,
     config: Mapping[str, Any] | KernelConfig | None = None,
     check_lengths: bool | None = None,
+    scale: float | None = None,
+    is_causal: bool | None = None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding: a
     drop-in for flash-attn's ``flash_attn_varlen_func``. q (total_q, heads_q, D), k and v
@@ -504,7 +557,12 @@ def attention_varlen(
     flash-attn's other arguments are taken in its order so calls port unchanged:
     ``deterministic`` (the forward always is), ``return_attn_probs=True`` returns
     (out, lse, None) as flash-attn's (out, softmax_lse, S_dmask) minus the probabilities;
-    dropout, sliding windows, softcapping and ALiBi are refused with an InputError."""
+    dropout, sliding windows, softcapping and ALiBi are refused with an InputError. SDPA's
+    names ``scale`` (``softmax_scale``) and ``is_causal`` (``causal``) are taken too (an
+    option and its alias together raise); ``causal=None`` is False."""
+    softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    causal = False if causal is None else causal
     _refuse_grad(q, k, v)
     unsupported = {"dropout_p": dropout_p not in (0, 0.0), "window_size": tuple(window_size) != (-1, -1),
                    "softcap": softcap not in (0, 0.0), "alibi_slopes": alibi_slopes is not None}

@@ -22,7 +22,7 @@ from ..kernels.launcher import DecodePlan, check_interpretable, explain_launch_f
 from ..spec.config import MAX_SPLITS, KernelConfig
 from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable
-from .api import _refuse_grad
+from .api import _refuse_grad, sdpa_alias
 from .dispatch import DISPATCHER, gpu_of
 
 _PLANS: dict[tuple, DecodePlan] = {}
@@ -44,7 +44,7 @@ def attention_with_kvcache(
     cache_leftpad: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     softmax_scale: float | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     rotary_interleaved: bool = True,
@@ -54,6 +54,8 @@ def attention_with_kvcache(
     *,
     config: Mapping[str, Any] | KernelConfig | str | None = None,
     check_lengths: bool | None = None,
+    scale: float | None = None,
+    is_causal: bool | None = None,
 ):
     """Attention of ``q`` (batch, seqlen_q, heads_q, D) over a KV cache, flash-attn's
     ``flash_attn_with_kvcache`` (same names, order, layouts and semantics).
@@ -75,8 +77,13 @@ def attention_with_kvcache(
     reads (pages only read may be shared), before any kernel runs. Appending into a
     ``k_cache`` that shares memory with ``v_cache`` is refused always (no read-back). flash-attn options this kernel does not
     implement (rotary, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
-    raise when set rather than being ignored.
+    raise when set rather than being ignored. SDPA's names ``scale`` (``softmax_scale``) and
+    ``is_causal`` (``causal``) are taken too (an option and its alias together raise);
+    ``causal=None`` is False.
     """
+    softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    causal = False if causal is None else causal
     _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
     _refuse_grad(q, k_cache, v_cache, k, v)
     if torch.compiler.is_compiling():  # one opaque op for torch.compile (the cache mutates in place)
