@@ -83,7 +83,8 @@ def attention(
     enable_gqa=True)`` returns. ``causal_align="bottom_right"`` aligns the diagonal to the
     last key instead (flash-attn / KV-cache convention); query rows that then see no key
     get zeros. ``return_lse=True`` also returns the natural-log log-sum-exp of each row's
-    scores, shape (batch, heads, seqlen_q), fp32. ``config`` runs exactly that kernel
+    scores, shape (batch, heads, seqlen_q), fp32, differentiable (a loss may use it, as ring
+    attention's merge of partial results does). ``config`` runs exactly that kernel
     variant (a mapping of template parameters); ``None`` asks the dispatcher (tuned
     results for this GPU, else a built-in default). CPU tensors run in Triton's
     interpreter (slow; for tests).
