@@ -424,3 +424,21 @@ def test_double_backward_raises_instead_of_a_silent_zero(device):
     with pytest.raises(fa_autotune.InputError, match="no double backward"):
         torch.autograd.grad(sum(g.square().sum() for g in grads_), (q, k, v))
 
+
+
+@pytest.mark.parametrize("dq_atomic", [False, True])
+def test_lse_gradient_in_both_dq_schemes_of_the_backward_template(dq_atomic, device):
+    """The dLSE fold reaches the dQ added up inside the dK/dV pass as well as the separate dQ
+    pass (a strided dLSE, as autograd may hand one over)."""
+    q = torch.randn(1, 4, 40, 32, device=device)
+    k, v = (torch.randn(1, 2, 56, 32, device=device) for _ in range(2))
+    w_out = torch.randn_like(q)
+    w_lse = torch.randn(1, 40, 4, device=device).transpose(1, 2)
+    out, lse = fa_autotune.attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
+    config = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=32, num_stages=1, dq_atomic=dq_atomic)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    BackwardPlan(config, q, k, v, out, w_out, dq, dk, dv, 32 ** -0.5, 56 - 40, True)(
+        q, k, v, out, w_out, lse, dq, dk, dv, dlse=w_lse)
+    want = lse_loss_grads(reference_with_lse, q, k, v, w_out, w_lse, causal=True, causal_align="bottom_right")
+    for a, w in zip((dq, dk, dv), want):
+        assert rel(a, w) < 1e-5
