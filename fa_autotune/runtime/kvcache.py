@@ -75,9 +75,10 @@ def attention_with_kvcache(
     unless a CUDA graph is being captured) reads the lengths and block table back to refuse
     out-of-range values, and appends into a page that another sequence of the call writes or
     reads (pages only read may be shared), before any kernel runs. Appending into a
-    ``k_cache`` that shares memory with ``v_cache`` is refused always (no read-back). flash-attn options this kernel does not
-    implement (rotary, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
-    raise when set rather than being ignored. SDPA's names ``scale`` (``softmax_scale``) and
+    ``k_cache`` that shares memory with ``v_cache`` is refused always (no read-back).
+    flash-attn options this kernel does not implement (rotary, cache_batch_idx,
+    cache_leftpad, window_size, softcap, alibi_slopes) raise when set rather than being
+    ignored. SDPA's names ``scale`` (``softmax_scale``) and
     ``is_causal`` (``causal``) are taken too (an option and its alias together raise);
     ``causal=None`` is False.
     """
