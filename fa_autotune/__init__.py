@@ -8,20 +8,26 @@ records) -> ``kernels`` (render, launch, ahead-of-time compile; ``fp8`` prepares
 -> ``tune`` (measure, search) -> ``store`` (the results database) -> ``runtime`` (exported
 files, dispatch, the public API); ``cli``, ``bench``, ``report`` and ``results`` on top.
 """
-from __future__ import annotations
-
-from typing import Any
+# No ``from __future__ import annotations`` and no bare typing names here: both would be
+# module attributes, listed by dir(fa_autotune) beside the API (``annotations``, ``Any``).
+import typing as _typing
 
 from ._version import __version__
 from .errors import ConfigError, FaAutotuneError, InputError
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 
-__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain", "quantize_fp8", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError",
-           "InputError", "__version__"]
+__all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain", "quantize_fp8",
+           "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError", "__version__"]
 
 
-def __getattr__(name: str) -> Any:
+def __dir__() -> list:
+    """The public API (the lazily imported entry points among it), not the imports and
+    submodules that happen to be loaded: what tab completion and ``dir()`` should offer."""
+    return sorted(__all__)
+
+
+def __getattr__(name: str) -> _typing.Any:
     if name in ("attention", "attention_fp8", "attention_varlen", "explain"):
         from .runtime import api
 

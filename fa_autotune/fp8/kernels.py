@@ -78,11 +78,14 @@ def _fp8_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr):
 def _block_scales(amax_ptr, scale_ptr, b, h, bh, rows, N, n_chunks, s_stride_b, s_stride_h, s_stride_n, fmax,
                   BLOCK: tl.constexpr, GROUP: tl.constexpr):
     """Per-row descales of per-block scaling, from the GROUP chunk maxima of each row's block:
-    amax / fmax (1 for an all-zero block, never below float32's tiny). The program holding a
-    block's first row stores that block's descale for the attention kernel."""
+    amax / fmax (1 for an all-zero block, never below float32's tiny; NaN for a block holding
+    NaN or inf, whose maximum is inf here, so that the attention output is not finite either,
+    as quantize._scale_of says). The program holding a block's first row stores that block's
+    descale for the attention kernel."""
     chunks = (rows // BLOCK)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     amax = tl.max(tl.load(amax_ptr + bh.to(tl.int64) * n_chunks + chunks, mask=chunks < n_chunks, other=0.0), axis=1)
     scale = tl.maximum(tl.where(amax > 0, amax / fmax, 1.0), 1.1754943508222875e-38)
+    scale = tl.where(amax == float("inf"), float("nan"), scale)
     first = (rows % BLOCK == 0) & (rows < N)
     tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, scale, mask=first)
     return scale

@@ -243,9 +243,14 @@ def _descale(x: torch.Tensor, scaling: str, block: int, fmax: float) -> torch.Te
 
 
 def _scale_of(amax: torch.Tensor, fmax: float, batch: int, heads: int, nblk: int) -> torch.Tensor:
-    """Descales from group maxima: all-zero groups get 1; tiny amax must not underflow to 0."""
+    """Descales from group maxima: all-zero groups get 1; tiny amax must not underflow to 0; a
+    group holding NaN or inf gets NaN, which every score (or PV product) it scales carries
+    to the output, as attention()'s output carries a NaN input (a NaN group once got 1, an
+    inf one inf, and FP8 attention a finite answer: the FP8 cast and the kernels' NaN-blind
+    maxima can turn a bad value into a finite one or a row into "no key seen")."""
     tiny = torch.finfo(torch.float32).tiny
     scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)).clamp_min_(tiny)
+    scale = torch.where(torch.isfinite(amax), scale, torch.full_like(amax, float("nan")))
     return scale.expand(batch, heads, nblk)
 
 

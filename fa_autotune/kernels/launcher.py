@@ -541,24 +541,35 @@ class BackwardPlan:
         return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, None)),
                 (self.dq, (q, k, v, dout, lse, delta, dq))]
 
-    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False, concurrent: bool = True) -> list:
+    def __call__(self, q, k, v, out, dout, lse, dq, dk, dv, warmup: bool = False, concurrent: bool = True,
+                 dlse: torch.Tensor | None = None) -> list:
         """Run the passes; on a GPU the dQ pass runs on a side stream next to the dK/dV pass
         (both only read what the preprocess wrote), so each fills the SMs the other leaves
         idle, as one fused launch would, yet each keeps its own warps. CUDA-graph safe: the
-        side stream forks from and joins the caller's stream."""
+        side stream forks from and joins the caller's stream. ``dlse`` (the natural-log LSE's
+        gradient, (B, H, N_Q)) is subtracted from the preprocess's delta before the other
+        passes read it: d lse_i / d s_ij = P_ij, so dS = P * (dP - (delta - dlse)) in both
+        the Triton and the Gluon passes, the kernels unchanged."""
         acc = None if self.acc_shape is None else torch.zeros(self.acc_shape, device=q.device, dtype=torch.float32)
         dk_out, dv_out = dk, dv
         if self.descriptors is not None:
             dk, dv = self.staged_gradients(dk, dv)
         calls = self.calls(q, k, v, out, dout, lse, dq, dk, dv, acc)
+        fold = dlse is not None and not warmup
         if warmup or not concurrent or self.dq is None or q.device.type != "cuda":
-            compiled = [launch(*args, warmup=warmup) for launch, args in calls]
+            compiled = []
+            for launch, args in calls:
+                compiled.append(launch(*args, warmup=warmup))
+                if fold and launch is self.pre:  # args: (out, dout, delta)
+                    args[2].view(dlse.shape).sub_(dlse)
         else:
             (pre, pre_args), (dkdv, dkdv_args), (dq_pass, dq_args) = calls
             with torch.cuda.device(q.device):  # launches go to the current device's streams
                 main = torch.cuda.current_stream()
                 side = _side_stream(main)
                 compiled = [pre(*pre_args)]
+                if fold:  # on the main stream, before the side stream forks
+                    pre_args[2].view(dlse.shape).sub_(dlse)
                 side.wait_stream(main)
                 compiled.append(dkdv(*dkdv_args))
                 with torch.cuda.stream(side):

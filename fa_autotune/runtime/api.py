@@ -63,13 +63,17 @@ def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool = False,
+    causal: bool | None = None,
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
     *,
     causal_align: str = "top_left",
     return_lse: bool = False,
     deterministic: bool = False,
+    is_causal: bool | None = None,
+    enable_gqa: bool | None = None,
+    attn_mask: None = None,
+    dropout_p: float = 0.0,
 ):
     """Scaled dot-product attention on (batch, heads, seqlen, head_dim) tensors, differentiable
     in q, k and v (the backward kernels run on ``loss.backward()``; ``deterministic=True``
@@ -79,16 +83,31 @@ def attention(
     enable_gqa=True)`` returns. ``causal_align="bottom_right"`` aligns the diagonal to the
     last key instead (flash-attn / KV-cache convention); query rows that then see no key
     get zeros. ``return_lse=True`` also returns the natural-log log-sum-exp of each row's
-    scores, shape (batch, heads, seqlen_q), fp32. ``config`` runs exactly that kernel
+    scores, shape (batch, heads, seqlen_q), fp32, differentiable (a loss may use it, as ring
+    attention's merge of partial results does). ``config`` runs exactly that kernel
     variant (a mapping of template parameters); ``None`` asks the dispatcher (tuned
     results for this GPU, else a built-in default). CPU tensors run in Triton's
     interpreter (slow; for tests).
+
+    SDPA's keyword names are taken where the meaning is the same, so calls port unchanged:
+    ``is_causal`` (``causal``; not both), ``scale``, ``enable_gqa`` (GQA always works when
+    heads_q % heads_kv == 0; ``False`` with differing head counts raises, as SDPA does);
+    ``attn_mask`` other than None and ``dropout_p`` other than 0 raise. ``causal=None`` is
+    False. Unlike SDPA, the LSE is differentiable, and there is no double backward: a loss
+    of the gradients (create_graph=True) raises on its backward.
     """
+    if is_causal is not None or enable_gqa is not None or attn_mask is not None or dropout_p:
+        causal = _sdpa_options(q, k, causal, is_causal, enable_gqa, attn_mask, dropout_p)
+    elif causal is None:
+        causal = False
     if _wants_grad(q, k, v):
         return _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, deterministic)
     if torch.compiler.is_compiling():
         return _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
-    if config is None and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+    # causal joins the key only as a bool: 1 == True hashes alike, and a plan found for True
+    # must not answer causal=1 (which _run_once refuses) just because True came first.
+    if config is None and causal.__class__ is bool and isinstance(q, torch.Tensor) and isinstance(
+            k, torch.Tensor) and isinstance(v, torch.Tensor):
         key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, causal, _scale_key(scale), causal_align, return_lse)
         plan = _PLANS.get(key)
@@ -101,6 +120,36 @@ def attention(
             plan.launch(q, k, v, out, lse)
             return (out, lse) if return_lse else out
     return _run_once(q, k, v, causal, scale, config, causal_align, return_lse)
+
+
+def _sdpa_options(q, k, causal, is_causal, enable_gqa, attn_mask, dropout_p) -> Any:
+    """``causal`` given SDPA's names for attention's options (``causal`` None when not
+    passed); raises where SDPA's meaning is one fa_autotune does not implement."""
+    if attn_mask is not None:
+        raise InputError("attn_mask is not supported: fa_autotune runs no mask but the causal one (causal=True or "
+                         "is_causal=True, causal_align for its diagonal); pass attn_mask=None")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0:
+        raise InputError(f"dropout_p={dropout_p!r}: attention dropout is not supported; pass 0.0")
+    if enable_gqa is not None:
+        if not isinstance(enable_gqa, bool):
+            raise InputError(f"enable_gqa must be True or False, got {enable_gqa!r}")
+        heads = [getattr(t, "shape", (None, None))[1] if getattr(t, "dim", lambda: 0)() == 4 else None
+                 for t in (q, k)]
+        if not enable_gqa and None not in heads and heads[0] != heads[1]:
+            raise InputError(f"enable_gqa=False but q has {heads[0]} heads and k/v {heads[1]}: pass enable_gqa=True "
+                             "(or leave it out) for grouped-query attention, as SDPA requires")
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    return False if causal is None else causal
+
+
+def sdpa_alias(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """An option given under its own name or under SDPA's (None: not given); both raises,
+    since one of the two would be silently ignored."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise InputError(f"pass {name} or its SDPA name {alias}, not both")
+    return alias_value
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -121,21 +170,51 @@ def _refuse_grad(*tensors) -> None:
 
 class _Attention(torch.autograd.Function):
     """attention() with a backward: the forward keeps the output and the log-sum-exp, the
-    backward runs the backward kernels (dQ, dK, dV)."""
+    backward runs the backward kernels (dQ, dK, dV). The LSE is differentiable (ring /
+    context-parallel attention merges partial results through it): d lse_i / d s_ij = P_ij,
+    so its gradient folds into the backward's row term, delta_i = rowsum(dO_i * O_i) - dLSE_i."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, config, causal_align, deterministic):
         out, lse = attention(q, k, v, causal, scale, config, causal_align=causal_align, return_lse=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (causal, scale, causal_align, deterministic)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # an unused LSE (or output) costs no zeros and no fold
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options)
+        if dout is None and dlse is None:
+            return None, None, None, None, None, None, None, None
+        if dout is None:  # a loss of the LSE alone
+            dout = torch.zeros_like(out)
+        if torch.is_grad_enabled():  # create_graph=True: gradients whose own backward refuses
+            dq, dk, dv = _AttentionGradients.apply(q, k, v, out, lse, dout, dlse, *ctx.options)
+        else:
+            dq, dk, dv = attention_backward(q, k, v, out, lse, dout, *ctx.options, dlse=dlse)
         return dq, dk, dv, None, None, None, None, None
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "fa_autotune.attention has no double backward: its gradients come from kernels autograd cannot "
+    "differentiate, so a loss built from them (a gradient penalty, a Hessian-vector product through "
+    "create_graph=True) would silently get no gradient through attention. Use "
+    "torch.nn.functional.scaled_dot_product_attention for that part of the model")
+
+
+class _AttentionGradients(torch.autograd.Function):
+    """The backward kernels as a node of their own under ``create_graph=True``: the gradients
+    then carry a graph (so they are not silently constants) whose backward raises, instead of
+    a second-order term that silently contributes nothing."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, out, lse, dout, dlse, causal, scale, causal_align, deterministic):
+        return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align, deterministic, dlse=dlse)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise InputError(DOUBLE_BACKWARD_MESSAGE)
 
 
 def _backward_config(problem: Problem, q, k, v, dout, deterministic: bool = False) -> KernelConfig:
@@ -172,13 +251,17 @@ def _differentiable(q, k, v, causal, scale, config, causal_align, return_lse, de
 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, causal: bool = False, scale: float | None = None,
-                       causal_align: str = "top_left", deterministic: bool = False):
+                       causal_align: str = "top_left", deterministic: bool = False, *,
+                       dlse: torch.Tensor | None = None):
     """(dq, dk, dv) of attention(q, k, v, causal, scale, causal_align=...) given its output,
-    its log-sum-exp and the output's gradient (any strides). The config and launch plan of
+    its log-sum-exp and the output's gradient (any strides); ``dlse``, the gradient of the
+    (natural-log) LSE, (batch, heads_q, seqlen_q), is folded into the row term the kernels
+    read (delta - dlse), one elementwise op more. The config and launch plan of
     each layout are kept (with the forward's plans): building them sends every kernel through
     Triton's JIT path, which cost the Gluon backward about 0.4 ms a call at N=1024 on an H200."""
     key = cached = None
-    if all(isinstance(t, torch.Tensor) for t in (q, k, v, out, dout)):  # else the checks below say what is wrong
+    # else the checks below say what is wrong (causal=1 among them: it would share True's key)
+    if causal.__class__ is bool and all(isinstance(t, torch.Tensor) for t in (q, k, v, out, dout)):
         aligned = not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) & 15
         key = ("bwd", q.shape, k.shape, v.shape, out.shape, dout.shape, q.stride(), k.stride(), v.stride(),
                out.stride(), dout.stride(), q.dtype, k.dtype, v.dtype, out.dtype, dout.dtype, q.device, k.device,
@@ -196,6 +279,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             check_interpretable(q)
         cached = (problem, None if problem.is_empty else _backward_config(problem.with_kind("bwd"), q, k, v, dout,
                                                                           deterministic), None)
+    if dlse is not None:
+        _check_dlse(dlse, q)
     problem, config, plan = cached
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if config is None:
@@ -206,13 +291,22 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                                 problem.causal_offset, problem.causal)
             if key is not None:
                 _keep(key, (problem, config, plan))
-        plan(q, k, v, out, dout, lse, dq, dk, dv)
+        plan(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse)
     except Exception as exc:
         failure = explain_launch_failure(config, exc)
         if failure is exc:
             raise
         raise failure from exc
     return dq, dk, dv
+
+
+def _check_dlse(dlse, q) -> None:
+    """The LSE gradient: fp32 (batch, heads_q, seqlen_q) on q's device, as the LSE is."""
+    if not isinstance(dlse, torch.Tensor) or dlse.shape != q.shape[:3] or dlse.dtype != torch.float32 \
+            or dlse.device != q.device:
+        got = (f"{dlse.dtype} {tuple(dlse.shape)} on {dlse.device}" if isinstance(dlse, torch.Tensor)
+               else type(dlse).__name__)
+        raise InputError(f"dlse must be a float32 tensor of shape {tuple(q.shape[:3])} on {q.device}, got {got}")
 
 
 def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
@@ -239,7 +333,7 @@ def attention_fp8(
     q: torch.Tensor | Fp8Inputs,
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     scale: float | None = None,
     config: Mapping[str, Any] | KernelConfig | None = None,
     *,
@@ -252,6 +346,10 @@ def attention_fp8(
     causal_align: str = "top_left",
     out_dtype: torch.dtype | None = None,
     return_lse: bool = False,
+    is_causal: bool | None = None,
+    enable_gqa: bool | None = None,
+    attn_mask: None = None,
+    dropout_p: float = 0.0,
 ):
     """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
     fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
@@ -262,8 +360,10 @@ def attention_fp8(
     (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
-    fp16/bf16, else bfloat16); otherwise as :func:`attention`.
+    fp16/bf16, else bfloat16); otherwise as :func:`attention` (SDPA's keyword names too).
     """
+    causal = _sdpa_options(q.q if isinstance(q, Fp8Inputs) else q, q.k if isinstance(q, Fp8Inputs) else k, causal,
+                           is_causal, enable_gqa, attn_mask, dropout_p)
     _refuse_grad(q, k, v, *((q.q, q.k, q.v) if isinstance(q, Fp8Inputs) else ()))
     if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
         raise InputError(f"max_error must be a positive number, got {max_error!r}")
@@ -426,7 +526,7 @@ def attention_varlen(
     max_seqlen_k: int,
     dropout_p: float = 0.0,
     softmax_scale: float | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
@@ -436,6 +536,8 @@ def attention_varlen(
     return_softmax_lse: bool = False,
     config: Mapping[str, Any] | KernelConfig | None = None,
     check_lengths: bool | None = None,
+    scale: float | None = None,
+    is_causal: bool | None = None,
 ):
     """Attention over a batch of sequences of different lengths, packed without padding: a
     drop-in for flash-attn's ``flash_attn_varlen_func``. q (total_q, heads_q, D), k and v
@@ -456,7 +558,12 @@ def attention_varlen(
     flash-attn's other arguments are taken in its order so calls port unchanged:
     ``deterministic`` (the forward always is), ``return_attn_probs=True`` returns
     (out, lse, None) as flash-attn's (out, softmax_lse, S_dmask) minus the probabilities;
-    dropout, sliding windows, softcapping and ALiBi are refused with an InputError."""
+    dropout, sliding windows, softcapping and ALiBi are refused with an InputError. SDPA's
+    names ``scale`` (``softmax_scale``) and ``is_causal`` (``causal``) are taken too (an
+    option and its alias together raise); ``causal=None`` is False."""
+    softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    causal = False if causal is None else causal
     _refuse_grad(q, k, v)
     unsupported = {"dropout_p": dropout_p not in (0, 0.0), "window_size": tuple(window_size) != (-1, -1),
                    "softcap": softcap not in (0, 0.0), "alibi_slopes": alibi_slopes is not None}
@@ -691,13 +798,13 @@ def _through_custom_op(q, k, v, causal, scale, config, causal_align, return_lse)
 
 @torch.library.custom_op("fa_autotune::attention_backward", mutates_args=())
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                           dout: torch.Tensor, causal: bool, scale: float | None,
-                           causal_align: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align)
+                           dout: torch.Tensor, causal: bool, scale: float | None, causal_align: str,
+                           dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(q, k, v, out, lse, dout, causal, scale, causal_align, dlse=dlse)
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, out, lse, dout, causal, scale, causal_align):
+def _(q, k, v, out, lse, dout, causal, scale, causal_align, dlse=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -707,9 +814,13 @@ def _setup_backward(ctx, inputs, output) -> None:
     ctx.options = (causal, scale, causal_align)
 
 
-def _op_backward(ctx, dout, _dlse):
+def _op_backward(ctx, dout, dlse):
+    """As _Attention.backward: the LSE's gradient folds into the row term. (torch.compile's
+    autograd has no double backward of its own: it refuses create_graph=True itself.)"""
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fa_autotune.attention_backward(q, k, v, out, lse, dout, *ctx.options)
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fa_autotune.attention_backward(q, k, v, out, lse, dout, *ctx.options, dlse)
     return dq, dk, dv, None, None, None, None, None
 
 

@@ -22,7 +22,7 @@ from ..kernels.launcher import DecodePlan, check_interpretable, explain_launch_f
 from ..spec.config import MAX_SPLITS, KernelConfig
 from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable
-from .api import _refuse_grad
+from .api import _refuse_grad, sdpa_alias
 from .dispatch import DISPATCHER, gpu_of
 
 _PLANS: dict[tuple, DecodePlan] = {}
@@ -44,7 +44,7 @@ def attention_with_kvcache(
     cache_leftpad: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     softmax_scale: float | None = None,
-    causal: bool = False,
+    causal: bool | None = None,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     rotary_interleaved: bool = True,
@@ -54,6 +54,8 @@ def attention_with_kvcache(
     *,
     config: Mapping[str, Any] | KernelConfig | str | None = None,
     check_lengths: bool | None = None,
+    scale: float | None = None,
+    is_causal: bool | None = None,
 ):
     """Attention of ``q`` (batch, seqlen_q, heads_q, D) over a KV cache, flash-attn's
     ``flash_attn_with_kvcache`` (same names, order, layouts and semantics).
@@ -71,10 +73,18 @@ def attention_with_kvcache(
     Extra (keyword-only): ``config`` runs that kernel variant (a mapping, a KernelConfig, or
     its JSON text; under torch.compile only the text); ``check_lengths`` (default:
     unless a CUDA graph is being captured) reads the lengths and block table back to refuse
-    out-of-range values before any kernel runs. flash-attn options this kernel does not
-    implement (rotary, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
-    raise when set rather than being ignored.
+    out-of-range values, and appends into a page that another sequence of the call writes or
+    reads (pages only read may be shared), before any kernel runs. Appending into a
+    ``k_cache`` that shares memory with ``v_cache`` is refused always (no read-back).
+    flash-attn options this kernel does not implement (rotary, cache_batch_idx,
+    cache_leftpad, window_size, softcap, alibi_slopes) raise when set rather than being
+    ignored. SDPA's names ``scale`` (``softmax_scale``) and
+    ``is_causal`` (``causal``) are taken too (an option and its alias together raise);
+    ``causal=None`` is False.
     """
+    softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    causal = False if causal is None else causal
     _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap, alibi_slopes)
     _refuse_grad(q, k_cache, v_cache, k, v)
     if torch.compiler.is_compiling():  # one opaque op for torch.compile (the cache mutates in place)
@@ -197,6 +207,10 @@ def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> t
             raise InputError(f"k and v append different numbers of tokens ({k.shape[1]} and {v.shape[1]})")
         if cache_seqlens is None:
             raise InputError("appending k/v needs cache_seqlens (where each sequence's new tokens go)")
+        if _overlap(k_cache, v_cache):
+            raise InputError("k_cache and v_cache share memory: the appended values would overwrite the appended "
+                             "keys (and the kernel read one for the other); pass two separate caches, or two "
+                             "non-overlapping views of one buffer")
     if not isinstance(causal, bool):
         raise InputError(f"causal must be True or False, got {causal!r}")
     n_new = 0 if k is None else k.shape[1]
@@ -207,6 +221,43 @@ def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> t
                       str(q.dtype).removeprefix("torch."), causal, "bottom_right" if causal else "top_left",
                       kind="decode", page_size=page_size)
     return problem, capacity
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor, budget: int = 4096) -> bool:
+    """Whether two tensors share any element's memory, from their pointers, shapes and
+    strides alone (no device work): disjoint address ranges never do; two views of one
+    buffer with the same strides (K and V interleaved in one allocation, as paged caches
+    often are) do when their offset is a reachable index difference, found by a bounded
+    search over the dims from the largest stride down; anything else that spans the same
+    range (or a search past ``budget`` steps) counts as overlapping."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    size = a.element_size()
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + size * (1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())))
+
+    (a_lo, a_hi), (b_lo, b_hi) = span(a), span(b)
+    if a_hi <= b_lo or b_hi <= a_lo:
+        return False
+    delta, rem = divmod(b.data_ptr() - a.data_ptr(), size)
+    if rem or a.shape != b.shape or a.stride() != b.stride():
+        return True
+    dims = sorted(((abs(st), n - 1) for n, st in zip(a.shape, a.stride()) if n > 1 and st), reverse=True)
+    reach = [sum(st * n for st, n in dims[i + 1:]) for i in range(len(dims))]  # what smaller dims add up to
+    steps = [0]
+
+    def found(i: int, rest: int) -> bool:
+        steps[0] += 1
+        if steps[0] > budget:
+            return True
+        if i == len(dims):
+            return rest == 0
+        stride, top = dims[i]
+        low, high = max(-top, -((reach[i] - rest) // stride)), min(top, (rest + reach[i]) // stride)
+        return any(found(i + 1, rest - c * stride) for c in range(low, high + 1))
+
+    return found(0, delta)
 
 
 def _check_seqlens(cache_seqlens, q, n_new: int, capacity: int) -> int:
@@ -229,8 +280,12 @@ def _check_seqlens(cache_seqlens, q, n_new: int, capacity: int) -> int:
 
 
 def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capacity: int) -> None:
-    """Lengths within the cache and the block-table entries they reach naming real pages, in
-    one read-back; raises before anything is written."""
+    """Lengths within the cache, the block-table entries they reach naming real pages and,
+    when appending to a paged cache, each page being written reached by no other entry
+    (another sequence's, or the same one's twice): two sequences whose new rows land in one
+    page row would silently corrupt one of them, and a page one appends into while another
+    reads it changes the other's keys. Pages only read may be shared (prefix caching). One
+    read-back for all; raises before anything is written."""
     if not isinstance(cache_seqlens, torch.Tensor) and block_table is None:
         return
     device = block_table.device if block_table is not None else cache_seqlens.device
@@ -245,8 +300,13 @@ def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capaci
     if block_table is not None:
         page_size = capacity // max(block_table.shape[1], 1)
         pages = (used.clamp(0, capacity) + page_size - 1) // page_size
-        reached = torch.arange(block_table.shape[1], device=device)[None, :] < pages[:, None]
-        flags.append((reached & ((block_table < 0) | (block_table >= num_pages))).any())
+        columns = torch.arange(block_table.shape[1], device=device)[None, :]
+        reached = columns < pages[:, None]
+        outside = (block_table < 0) | (block_table >= num_pages)
+        flags.append((reached & outside).any())
+        if n_new:
+            shared = _written_pages_shared(block_table, reached & ~outside, used, n_new, page_size, num_pages)
+            flags.append(shared.any())
     found = torch.stack(flags).tolist()
     if found[0]:
         row = int(bad_length.nonzero()[0, 0])
@@ -254,6 +314,27 @@ def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capaci
                          f"cache's {capacity} rows")
     if len(found) > 1 and found[1]:
         raise InputError(f"block_table names pages outside the cache's {num_pages} within the sequences' lengths")
+    if len(found) > 2 and found[2]:
+        row, column = (int(i) for i in shared.nonzero()[0])
+        page = int(block_table[row, column])
+        raise InputError(f"block_table: sequence {row} appends into page {page}, which this call's sequences reach "
+                         "more than once (another sequence's new rows land in it, or another sequence reads it): "
+                         "one would silently corrupt the other; give each sequence the pages it writes to itself "
+                         "(copy a shared page first); shared pages that are only read are fine")
+
+
+def _written_pages_shared(block_table: torch.Tensor, valid: torch.Tensor, used: torch.Tensor, n_new: int,
+                          page_size: int, num_pages: int) -> torch.Tensor:
+    """(batch, max_pages) bool: the entries holding rows this call appends whose page some
+    other valid entry (one reached by a sequence's length, naming a real page) names too.
+    Device ops only: a count of references per page, then a gather."""
+    columns = torch.arange(block_table.shape[1], device=block_table.device)[None, :]
+    first = (used - n_new).clamp_min(0) // page_size  # the column of each sequence's first new row
+    written = valid & (columns >= first[:, None])
+    pages = torch.where(valid, block_table.to(torch.int64), num_pages)  # invalid entries count on a spare slot
+    counts = torch.zeros(num_pages + 1, device=block_table.device, dtype=torch.int32)
+    counts.scatter_add_(0, pages.flatten(), valid.flatten().to(torch.int32))
+    return written & (counts[pages] > 1)
 
 
 def _config(problem: Problem, q, config, num_splits) -> KernelConfig:

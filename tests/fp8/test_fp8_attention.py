@@ -153,3 +153,22 @@ def test_bad_scales_and_output_dtype_are_clear_errors(device):
         attention_fp8(inputs, config=SMALL, out_dtype=torch.float32)
     with pytest.raises(InputError, match="not both"):
         attention_fp8(inputs, k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fused-quantizer", "torch-quantizer"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("scaling", ["per_block", "per_head"])
+def test_nan_and_inf_inputs_reach_the_output(device, dtype, name, value, scaling):
+    """A NaN or inf in q, k or v makes every output row non-finite that attention()'s is
+    (the quantizer once gave a NaN group a descale of 1.0, and FP8 attention a finite
+    answer): no silent finite output from a broken input."""
+    q, k, v = make_qkv(1, 2, 2, 48, 48, 32, dtype, device)
+    inputs = {"q": q, "k": k, "v": v}
+    inputs[name][0, 0, 5, 3] = value
+    for causal in (False, True):
+        ref = fa_autotune.attention(*inputs.values(), causal=causal)
+        broken = ~torch.isfinite(ref)
+        assert broken.any()  # the case tests something
+        out = attention_fp8(*inputs.values(), causal=causal, scaling=scaling, config=SMALL)
+        assert not torch.isfinite(out.float())[broken].any()

@@ -55,6 +55,27 @@ def test_bad_causal_arguments():
         attention(*qkv(), causal=True, causal_align="middle")
 
 
+def test_causal_is_checked_whatever_ran_before():
+    """causal=1 is refused the same after a causal=True call with these shapes: 1 == True in
+    the plan cache's key, which must not stand in for validation (forward and backward)."""
+    from fa_autotune.runtime.api import attention_backward
+
+    q, k, v = qkv()
+    for causal in (1, 1.0):
+        with pytest.raises(InputError, match="causal must be"):
+            attention(q, k, v, causal=causal)
+    out, lse = attention(q, k, v, causal=True, return_lse=True)
+    attention_backward(q, k, v, out, lse, out, causal=True)
+    for causal in (1, 1.0):
+        with pytest.raises(InputError, match="causal must be"):
+            attention(q, k, v, causal=causal)
+        with pytest.raises(InputError, match="causal must be"):
+            attention_backward(q, k, v, out, lse, out, causal=causal)
+    attention(q, k, v, causal=False)
+    with pytest.raises(InputError, match="causal must be"):
+        attention(q, k, v, causal=0)
+
+
 @pytest.mark.parametrize(
     "config, parameter",
     [

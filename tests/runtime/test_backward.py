@@ -66,7 +66,7 @@ def test_fp16_flash_attn_layout_scale_and_lse(device):
     dout = torch.randn(2, 4, 33, 64, device=device, dtype=torch.float16)
     out, lse = fa_autotune.attention(*(t.requires_grad_() for t in (q, k, v)), causal=True, scale=0.2,
                                      return_lse=True)
-    assert out.grad_fn is not None and lse.grad_fn is None
+    assert out.grad_fn is not None and lse.grad_fn is not None  # the LSE is differentiable too
     out.backward(dout)
     exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=True, scale=0.2)
     half = grads(reference, q.detach(), k.detach(), v.detach(), dout, causal=True, scale=0.2) \
@@ -341,3 +341,104 @@ def test_gluon_backward_refuses_what_it_cannot_run(device):
     grads_out = [torch.empty_like(q) for _ in range(3)]
     with pytest.raises(ConfigError, match="language"):
         BackwardPlan(KernelConfig(**GLUON_BWD), q, q, q, out, dout, *grads_out, 0.125, 0, False)
+
+
+def reference_with_lse(q, k, v, causal=False, causal_align="top_left", scale=None):
+    """The output and the natural-log LSE of each row, through plain PyTorch (float32)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = q.shape[2], k.shape[2]
+        offset = n_k - n_q if causal_align == "bottom_right" else 0
+        visible = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + offset
+        scores = scores.masked_fill(~visible, -math.inf)
+    return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+
+
+def lse_loss_grads(fn, q, k, v, w_out, w_lse, **kwargs):
+    """Gradients of sum(out * w_out) + sum(lse * w_lse) (either weight may be None)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = fn(*leaves, **kwargs)
+    loss = sum((t * w).sum() for t, w in ((out, w_out), (lse, w_lse)) if w is not None)
+    loss.backward()
+    return [t.grad for t in leaves]
+
+
+LSE_CASES = {name: CASES[name] for name in ("full", "causal-gqa-ragged", "causal-mqa-nq-gt-nk", "head-dim-80")}
+
+
+@pytest.mark.parametrize("case", list(LSE_CASES))
+@pytest.mark.parametrize("terms", ["out+lse", "lse"])
+def test_lse_gradient_matches_float32_autograd(case, terms, device):
+    """A loss that uses the returned LSE (ring attention merging partial results) gets its
+    gradient through it: delta - dLSE in the kernels' row term, natural log, any scale."""
+    b, hq, hkv, n_q, n_k, d, causal, align = LSE_CASES[case]
+    q = torch.randn(b, hq, n_q, d, device=device)
+    k = torch.randn(b, hkv, n_k, d, device=device)
+    v = torch.randn(b, hkv, n_k, d, device=device)
+    w_out = torch.randn(b, hq, n_q, d, device=device) if terms == "out+lse" else None
+    w_lse = torch.randn(b, hq, n_q, device=device)
+    ours = lse_loss_grads(lambda *t, **kw: fa_autotune.attention(*t, return_lse=True, **kw), q, k, v, w_out, w_lse,
+                          causal=causal, causal_align=align, scale=0.3)
+    want = lse_loss_grads(reference_with_lse, q, k, v, w_out, w_lse, causal=causal, causal_align=align, scale=0.3)
+    for name, a, w in zip("qkv", ours, want):
+        if name == "v" and terms == "lse":  # the LSE does not depend on V
+            assert a is not None and not a.any()
+            continue
+        assert torch.isfinite(a).all() and rel(a, w) < 1e-5, f"d{name}: {rel(a, w):.2e}"
+
+
+def test_lse_gradient_through_attention_backward_and_torch_compile(device):
+    """attention_backward takes dlse (checked like the LSE), and the torch.compile path folds
+    it in as the eager one does."""
+    q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
+    w_out, w_lse = torch.randn_like(q), torch.randn(1, 2, 24, device=device)
+    want = lse_loss_grads(reference_with_lse, q, k, v, w_out, w_lse, causal=True)
+    compiled = torch.compile(lambda q, k, v: fa_autotune.attention(q, k, v, causal=True, return_lse=True),
+                             backend="aot_eager", fullgraph=True)
+    for a, w in zip(lse_loss_grads(compiled, q, k, v, w_out, w_lse), want):
+        assert rel(a, w) < 1e-5
+    out, lse = fa_autotune.attention(q, k, v, causal=True, return_lse=True)
+    direct = attention_backward(q, k, v, out, lse, w_out, causal=True, dlse=w_lse)
+    for a, w in zip(direct, want):
+        assert rel(a, w) < 1e-5
+    with pytest.raises(fa_autotune.InputError, match="dlse must be a float32 tensor of shape"):
+        attention_backward(q, k, v, out, lse, w_out, causal=True, dlse=w_lse[:, :1])
+
+
+def test_double_backward_raises_instead_of_a_silent_zero(device):
+    """create_graph=True gives gradients that carry a graph; differentiating them (a gradient
+    penalty) raises, naming why, rather than adding nothing. Plain create_graph=True use
+    without a second differentiation through attention still works."""
+    q, k, v = (torch.randn(1, 2, 16, 16, device=device, requires_grad=True) for _ in range(3))
+    out = fa_autotune.attention(q, k, v, causal=True)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    assert dq.requires_grad
+    want = grads(lambda *t: reference(*t, causal=True), q.detach(), k.detach(), v.detach(), 2 * out.detach())[0]
+    assert rel(dq.detach(), want) < 1e-5  # the first-order gradient itself is right
+    with pytest.raises(fa_autotune.InputError, match="no double backward"):
+        dq.square().sum().backward()
+    out, lse = fa_autotune.attention(q, k, v, return_lse=True)
+    grads_ = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v), create_graph=True)
+    with pytest.raises(fa_autotune.InputError, match="no double backward"):
+        torch.autograd.grad(sum(g.square().sum() for g in grads_), (q, k, v))
+
+
+
+@pytest.mark.parametrize("dq_atomic", [False, True])
+def test_lse_gradient_in_both_dq_schemes_of_the_backward_template(dq_atomic, device):
+    """The dLSE fold reaches the dQ added up inside the dK/dV pass as well as the separate dQ
+    pass (a strided dLSE, as autograd may hand one over)."""
+    q = torch.randn(1, 4, 40, 32, device=device)
+    k, v = (torch.randn(1, 2, 56, 32, device=device) for _ in range(2))
+    w_out = torch.randn_like(q)
+    w_lse = torch.randn(1, 40, 4, device=device).transpose(1, 2)
+    out, lse = fa_autotune.attention(q, k, v, causal=True, causal_align="bottom_right", return_lse=True)
+    config = KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=32, num_stages=1, dq_atomic=dq_atomic)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    BackwardPlan(config, q, k, v, out, w_out, dq, dk, dv, 32 ** -0.5, 56 - 40, True)(
+        q, k, v, out, w_out, lse, dq, dk, dv, dlse=w_lse)
+    want = lse_loss_grads(reference_with_lse, q, k, v, w_out, w_lse, causal=True, causal_align="bottom_right")
+    for a, w in zip((dq, dk, dv), want):
+        assert rel(a, w) < 1e-5

@@ -365,3 +365,62 @@ def test_traced_by_torch_compile_as_one_op(device):
                                                                           table)
     assert torch.equal(k_cache, want_k)
     check(out, lse, q, k_cache, v_cache, table, [6, 31], False)
+
+
+def _paged_append(device, table, lengths, page=4, pages=8, n_new=2):
+    """Arguments for a paged append (page rows, GQA 2:1) over ``table`` and ``lengths``."""
+    k_cache = torch.randn(pages, page, 1, 16, dtype=torch.float16, device=device)
+    return {"q": torch.randn(len(lengths), 1, 2, 16, dtype=torch.float16, device=device), "k_cache": k_cache,
+            "v_cache": torch.randn_like(k_cache),
+            "k": torch.randn(len(lengths), n_new, 1, 16, dtype=torch.float16, device=device),
+            "v": torch.randn(len(lengths), n_new, 1, 16, dtype=torch.float16, device=device),
+            "cache_seqlens": torch.tensor(lengths, dtype=torch.int32, device=device),
+            "block_table": torch.tensor(table, dtype=torch.int32, device=device), "config": DECODE}
+
+
+@pytest.mark.parametrize("table, lengths", [
+    ([[0, 1], [2, 1]], [5, 5]),  # both append rows 5-6 of page 1: the same page rows
+    ([[0, 1, 5], [1, 3, 6]], [4, 5]),  # one appends into page 1, which the other only reads
+    ([[0, 3], [0, 4]], [2, 2]),  # a shared page that is not full, both appending into it
+    ([[0, 0], [2, 3]], [3, 0]),  # a sequence reaching its own page twice, appending into it
+])
+def test_appends_into_a_page_another_entry_reaches_are_refused(table, lengths, device):
+    """Two sequences whose new rows land in one page (or that write a page the other reads)
+    corrupted one of them without error: refused before the cache is touched."""
+    args = _paged_append(device, table, lengths)
+    before = args["k_cache"].clone(), args["v_cache"].clone()
+    with pytest.raises(InputError, match="appends into page"):
+        fa_autotune.attention_with_kvcache(**args)
+    assert torch.equal(args["k_cache"], before[0]) and torch.equal(args["v_cache"], before[1])
+    args["check_lengths"] = False  # what a serving engine that built the table passes: not checked
+    fa_autotune.attention_with_kvcache(**args)
+
+
+def test_shared_read_only_prefix_pages_stay_allowed(device):
+    """Prefix caching: sequences share their earlier full pages and append into their own."""
+    table, lengths = [[0, 1, 2], [0, 1, 3], [0, 4, 5]], [9, 8, 4]
+    args = _paged_append(device, table, lengths)
+    want_k = appended(args["k_cache"], args["block_table"], args["k"], lengths)
+    want_v = appended(args["v_cache"], args["block_table"], args["v"], lengths)
+    out, lse = fa_autotune.attention_with_kvcache(**args, return_softmax_lse=True)
+    assert torch.equal(args["k_cache"], want_k) and torch.equal(args["v_cache"], want_v)
+    check(out, lse, args["q"], args["k_cache"], args["v_cache"], args["block_table"], [n + 2 for n in lengths],
+          False)
+
+
+def test_k_cache_sharing_memory_with_v_cache_is_refused_when_appending(device):
+    """k_cache is v_cache (or overlapping views): the appended keys were overwritten by the
+    values. Interleaved views of one buffer that share no element stay allowed."""
+    args = _paged_append(device, [[0, 1], [2, 3]], [3, 5])
+    kv = torch.randn(8, 2, 4, 1, 16, dtype=torch.float16, device=device)  # (pages, K|V, rows, heads, D)
+    overlapping = torch.randn(9 * 4, 1, 16, dtype=torch.float16, device=device)
+    for k_cache, v_cache in ((args["k_cache"], args["k_cache"]), (overlapping[:32].view(8, 4, 1, 16),
+                                                                  overlapping[4:].view(8, 4, 1, 16))):
+        with pytest.raises(InputError, match="share memory"):
+            fa_autotune.attention_with_kvcache(**{**args, "k_cache": k_cache, "v_cache": v_cache})
+    fa_autotune.attention_with_kvcache(**{**args, "k": None, "v": None, "v_cache": args["k_cache"]})  # read only
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    want_k = appended(k_cache, args["block_table"], args["k"], [3, 5])
+    want_v = appended(v_cache, args["block_table"], args["v"], [3, 5])
+    fa_autotune.attention_with_kvcache(**{**args, "k_cache": k_cache, "v_cache": v_cache})
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
