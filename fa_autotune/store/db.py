@@ -7,6 +7,7 @@ newer ones, so a database is never silently rewritten by the wrong version.
 from __future__ import annotations
 
 import os
+import re
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -30,12 +31,38 @@ def default_url() -> str:
     return default_db_url()
 
 
+# Query parameters that carry a secret (libpq's password, sslpassword, passfile; tokens and
+# keys of other drivers): masked in every message like the ``user:pw@`` form.
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
+_MASK = "***"
+
+
 def safe_url(url: str) -> str:
-    """The URL with any password masked, for messages."""
+    """The URL with its password masked, for messages: the ``user:pw@`` form and any
+    secret-looking query parameter (``?password=...``, ``sslpassword``, ``passfile``...)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        secret = {k: _MASK for k in parsed.query if _SECRET_PARAM.search(k)}
+        return parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", _MASK)
     except Exception:
         return "<unparseable URL>"
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` (a driver's error text) with the URL's secrets replaced by ``***``: a
+    driver may quote its connection string or a password in its own words."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return message
+    message = message.replace(url, safe_url(url))
+    secrets = [parsed.password] if parsed.password else []
+    for key, value in parsed.query.items():
+        if _SECRET_PARAM.search(key):
+            secrets += [value] if isinstance(value, str) else list(value)
+    for secret in sorted({str(s) for s in secrets if s}, key=len, reverse=True):
+        message = message.replace(secret, _MASK)
+    return message
 
 
 class Database:
@@ -49,7 +76,7 @@ class Database:
         try:
             parsed = make_url(url)
         except Exception as exc:
-            raise DatabaseError(f"not a database URL: {safe_url(url)} ({exc})") from None
+            raise DatabaseError(scrub(f"not a database URL: {safe_url(url)} ({exc})", url)) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         kwargs = {}
         engine_url: Any = url
@@ -62,7 +89,7 @@ class Database:
         try:
             self.engine: Engine = create_engine(engine_url, future=True, **kwargs)
         except Exception as exc:  # missing driver, bad options
-            raise DatabaseError(f"cannot open database {safe_url(url)}: {exc}") from None
+            raise DatabaseError(scrub(f"cannot open database {safe_url(url)}: {exc}", url)) from None
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database, wal=not readonly))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -78,8 +105,8 @@ class Database:
             raise
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise DatabaseError(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
-                                f"{str(exc).splitlines()[0]}") from None
+            raise DatabaseError(scrub(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
+                                      f"{str(exc).splitlines()[0]}", url)) from None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -94,7 +121,7 @@ class Database:
             session.rollback()
             detail = str(getattr(exc, "orig", None) or exc).strip()  # the driver's own words first
             first = detail.splitlines()[0] if detail else ""
-            raise DatabaseError(f"database {safe_url(self.url)}: {exc.__class__.__name__}: {first}") from exc
+            raise DatabaseError(scrub(f"database {safe_url(self.url)}: {exc.__class__.__name__}: {first}", self.url)) from exc
         except BaseException:
             session.rollback()
             raise
@@ -114,7 +141,7 @@ class Database:
             return _schema_race_retried(
                 lambda: optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs, skip_compatibility_check=False))
         except Exception as exc:
-            raise DatabaseError(f"Optuna cannot use {safe_url(self.url)}: {exc}") from None
+            raise DatabaseError(scrub(f"Optuna cannot use {safe_url(self.url)}: {exc}", self.url)) from None
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,59 @@
+"""Bad input, faults and secrets, as a user meets them on the command line (issue 43): each
+case is a one-line message and an exit code, never a traceback, and nothing written that
+the refusal says is not written."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from test_cli import here
+
+SECRET = "s3cretPW"
+# Nothing listens on port 1: the connection is refused at once, and the error quotes the URL.
+PG_SECRET_URL = f"postgresql+psycopg://fa_user@127.0.0.1:1/fa?password={SECRET}&sslpassword={SECRET}x"
+SHIPPED = os.path.join(os.path.dirname(__file__), "..", "tuning_db", "nvidia-h200.attn_fwd.json")
+
+
+def one_line_error(result: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The refusal's message: exit ``code``, one line on stderr, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 or lines[0].startswith("usage:"), result.stderr
+    return lines[-1]
+
+
+# ------------------------------------------------------------------ secrets
+@pytest.mark.parametrize("args", [["query", "best"], ["import", SHIPPED], ["tune", "--batch", "1", "--heads", "2",
+                                                                              "--seqlen", "40", "--head-dim", "16"]])
+def test_a_password_given_as_a_query_parameter_is_masked(args, capsys):
+    message = one_line_error(here(capsys, *args, "--db", PG_SECRET_URL))
+    assert SECRET not in message and "password=***" in message and "sslpassword=***" in message, message
+    assert "127.0.0.1:1/fa" in message  # the rest of the URL still says which database
+
+
+def test_attention_warns_about_an_unreachable_database_without_its_password(tmp_path):
+    script = ("import warnings, torch, fa_autotune\n"
+              "q = torch.randn(1, 2, 16, 16, dtype=torch.float16)\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    fa_autotune.attention(q, q, q)\n"
+              "print('\\n'.join(str(w.message) for w in caught if w.category is RuntimeWarning))\n")
+    env = dict(os.environ, FA_AUTOTUNE_DB=PG_SECRET_URL, TRITON_INTERPRET="1", FA_AUTOTUNE_CACHE=str(tmp_path),
+               FA_AUTOTUNE_CONFIG_DIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "cannot read tuned results from postgresql+psycopg://fa_user@127.0.0.1:1/fa?" in result.stdout
+    assert SECRET not in result.stdout + result.stderr and "password=***" in result.stdout
+
+
+def test_safe_url_masks_every_secret_form():
+    from fa_autotune.store import safe_url, scrub
+
+    url = "postgresql+psycopg://u:pw1234@h/db?passfile=/home/u/.pgpass&sslmode=require&password=abcd1234"
+    shown = safe_url(url)
+    assert "pw1234" not in shown and "abcd1234" not in shown and ".pgpass" not in shown
+    assert "sslmode=require" in shown and "u:***@h/db" in shown
+    assert scrub(f"driver said: bad password abcd1234 for {url}", url) == f"driver said: bad password *** for {shown}"
