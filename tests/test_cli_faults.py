@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import here
+from test_cli import cli, env, here  # noqa: F401 (env: the fixture)
 
 SECRET = "s3cretPW"
 # Nothing listens on port 1: the connection is refused at once, and the error quotes the URL.
@@ -57,3 +57,36 @@ def test_safe_url_masks_every_secret_form():
     assert "pw1234" not in shown and "abcd1234" not in shown and ".pgpass" not in shown
     assert "sslmode=require" in shown and "u:***@h/db" in shown
     assert scrub(f"driver said: bad password abcd1234 for {url}", url) == f"driver said: bad password *** for {shown}"
+
+
+# ------------------------------------------------------------------ files beside the database
+def test_reading_a_wal_database_leaves_no_files_beside_it(tmp_path, env, capsys):
+    """`query`/`export` on a WAL database nobody has open create no -wal/-shm files (a
+    reader's would stay behind, and in a shared directory block the owner's next write);
+    while a writer has it open, a reader still sees the writer's committed rows."""
+    import json
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'shared.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)  # the owner, in its own process
+    before = sorted(os.listdir(tmp_path))
+    assert before == ["shared.sqlite"]
+    with sqlite3.connect(tmp_path / "shared.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    best = here(capsys, "query", "best", "--db", url, "--format", "json")
+    assert best.returncode == 0 and len(json.loads(best.stdout)) > 0
+    assert here(capsys, "export", "--db", url, "--out", str(tmp_path / "out")).returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["out", "shared.sqlite"]
+    # a writer holding the database open (its -wal has rows not yet in the main file)
+    writer = sqlite3.connect(tmp_path / "shared.sqlite")
+    try:
+        writer.execute("SELECT count(*) FROM sqlite_master").fetchone()  # holds the -wal open
+        decode = os.path.join(os.path.dirname(SHIPPED), "nvidia-h200.attn_decode.json")
+        cli("import", decode, "--db", url, env=env)
+        assert os.path.exists(tmp_path / "shared.sqlite-wal")
+        rows = json.loads(here(capsys, "query", "best", "--db", url, "--format", "json").stdout)
+        assert len(rows) > len(json.loads(best.stdout))
+    finally:
+        writer.close()
+    cli("import", SHIPPED, "--db", url, env=env)  # the owner still writes

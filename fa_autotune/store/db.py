@@ -188,9 +188,25 @@ def _readonly_sqlite(parsed) -> Any:
         raise DatabaseError(f"no fa_autotune results at {database}: no such file")
     path = os.path.abspath(database)
     # A WAL database in a directory nobody may write (a read-only filesystem) opens only as
-    # immutable: SQLite could not create its -shm file.
-    extra = "" if os.access(os.path.dirname(path), os.W_OK) else "&immutable=1"
+    # immutable: SQLite could not create its -shm file. One nobody has open (no -wal, no
+    # -shm beside it) opens immutable too: a read-only connection would create both files
+    # and, unable to checkpoint, leave them behind, owned by the reader (in a shared
+    # directory the owner's next write then fails with "attempt to write a readonly
+    # database"). Every committed row is in the main file then; a tune starting meanwhile
+    # writes to its new -wal, which this short read does not see.
+    quiet = _is_wal(path) and not any(os.path.exists(path + suffix) for suffix in ("-wal", "-shm"))
+    extra = "" if os.access(os.path.dirname(path), os.W_OK) and not quiet else "&immutable=1"
     return parsed.set(database=f"file:{urllib.parse.quote(path)}?mode=ro{extra}", query={"uri": "true"})
+
+
+def _is_wal(path: str) -> bool:
+    """Whether the SQLite file's header says WAL mode (file format versions 2 at bytes 18-19)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return header.startswith(b"SQLite format 3\x00") and header[18:20] == b"\x02\x02"
 
 
 def _sqlite_pragmas(database: str | None, wal: bool = True):
