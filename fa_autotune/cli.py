@@ -383,13 +383,15 @@ def _export(args: argparse.Namespace) -> int:
 @command("import")
 def _import(args: argparse.Namespace) -> int:
     """Load exported config files into a database (all validated before anything is written)."""
-    from .runtime.files import import_files
+    from .runtime.files import load
     from .store import connect
+    from .store.tuned import import_tuned
 
     def progress(done: int, total: int) -> None:
         print(f"importing: {done}/{total} configs", file=sys.stderr, flush=True)
 
-    count = import_files(connect(args.db), args.files, progress)
+    loaded = [load(path) for path in args.files]  # a refused file leaves the database unopened, uncreated
+    count = import_tuned(connect(args.db), loaded, progress)
     print(f"imported {count} tuned configs from {len(args.files)} file(s)")
     return 0
 
@@ -423,14 +425,17 @@ def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> Non
         writer.writerows(flat)
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    # Every cell and the title (a path) is database or user text: escaped, a "[/]" in a GPU
+    # name is shown, not read as rich markup.
+    table = Table(title=escape(title))
     shown = [c for c in columns if c != "config"]
     for c in shown:
         table.add_column(c, overflow="fold")
     for r in flat:
-        table.add_row(*(_cell(r[c]) for c in shown))
+        table.add_row(*(escape(_cell(r[c])) for c in shown))
     Console(width=max(120, 14 * len(shown))).print(table)
 
 

@@ -90,3 +90,74 @@ def test_reading_a_wal_database_leaves_no_files_beside_it(tmp_path, env, capsys)
     finally:
         writer.close()
     cli("import", SHIPPED, "--db", url, env=env)  # the owner still writes
+
+
+def _exported(tmp_path, name: str = "file.json", **changes) -> str:
+    """The shipped H200 file with ``changes`` made to its GPU and every entry's software."""
+    import json
+
+    data = json.loads(open(SHIPPED).read())
+    data["gpu"].update(changes.get("gpu", {}))
+    for entry in data["entries"].values():
+        entry["software"].update(changes.get("software", {}))
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_a_refused_import_creates_no_database(tmp_path, capsys):
+    bad = _exported(tmp_path, software={"triton": "3.6.0\x1b[2J"})  # a clear-screen escape
+    url = f"sqlite:///{tmp_path / 'new' / 'db.sqlite'}"
+    message = one_line_error(here(capsys, "import", SHIPPED, bad, "--db", url))
+    assert "software.triton" in message and "control characters" in message
+    assert "\x1b" not in message
+    assert not (tmp_path / "new").exists()
+
+
+def test_import_refuses_another_applications_sqlite_file(tmp_path, capsys):
+    import sqlite3
+
+    other = tmp_path / "otherapp.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.close()
+    before = other.read_bytes()
+    for args in (["import", SHIPPED], ["tune", "--batch", "1", "--heads", "2", "--seqlen", "40", "--head-dim", "16"]):
+        message = one_line_error(here(capsys, *args, "--db", f"sqlite:///{other}"))
+        assert "another application's SQLite database" in message and "notes" in message, message
+    assert other.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["otherapp.sqlite"]
+
+
+def test_tune_refuses_a_corrupted_database_before_writing(tmp_path, env, capsys):
+    """A database with a damaged page: refused with the damage named, the file byte for byte
+    as it was (no Optuna tables, no header rewrite)."""
+    import sqlite3
+
+    path = tmp_path / "results.sqlite"
+    cli("import", SHIPPED, "--db", f"sqlite:///{path}", env=env)
+    with sqlite3.connect(path) as conn:
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'fa_configs'").fetchone()
+    conn.close()
+    data = bytearray(path.read_bytes())
+    start = (root - 1) * page_size
+    data[start:start + page_size] = b"\xa5" * page_size  # the table's root page overwritten
+    path.write_bytes(bytes(data))
+    for args in (["tune", "--batch", "1", "--heads", "2", "--seqlen", "40", "--head-dim", "16", "--trials", "1"],
+                 ["import", SHIPPED]):
+        message = one_line_error(here(capsys, *args, "--db", f"sqlite:///{path}"))
+        assert "corrupted" in message and "nothing was written" in message, message
+    assert path.read_bytes() == bytes(data) and sorted(os.listdir(tmp_path)) == ["results.sqlite"]
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"this is not a database at all\n" * 200)
+    message = one_line_error(here(capsys, "import", SHIPPED, "--db", f"sqlite:///{garbage}"))
+    assert "not a SQLite database or is corrupted" in message
+
+
+def test_database_text_is_shown_not_read_as_markup(tmp_path, capsys):
+    """A GPU name with rich markup characters (legal in a file) is printed as it is."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert here(capsys, "import", _exported(tmp_path, gpu={"name": "GPU[/][b]x"}), "--db", url).returncode == 0
+    result = here(capsys, "query", "best", "--db", url)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "GPU[/][b]x" in result.stdout, result.stdout

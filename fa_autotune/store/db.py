@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -85,6 +86,7 @@ class Database:
             if readonly:
                 engine_url = _readonly_sqlite(parsed)
             else:
+                _check_before_writing(parsed.database)
                 _prepare_sqlite_path(parsed.database)
         try:
             self.engine: Engine = create_engine(engine_url, future=True, **kwargs)
@@ -176,6 +178,43 @@ def _prepare_sqlite_path(database: str | None) -> None:
         raise DatabaseError(f"cannot create the directory of SQLite database {database}: {exc}") from None
 
 
+def _check_before_writing(database: str | None) -> None:
+    """Refuse, before anything is written, an existing SQLite file a writer must not touch:
+    one that is not a SQLite database or is corrupted (``PRAGMA quick_check``: Optuna would
+    otherwise create its tables and rewrite the header before the damage showed), and another
+    application's database (tables, none of them fa_autotune's), which would get our tables
+    and a switch to WAL mode. Opened read-only, so a refusal leaves the file as it was."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = os.path.abspath(database)
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:  # a new (or empty) database
+        return
+    # read-only creates no file beside a rollback-journal database; an idle WAL one opens
+    # immutable (as readers do: see _readonly_sqlite)
+    uri = f"file:{urllib.parse.quote(path)}?mode=ro{'&immutable=1' if _is_idle_wal(path) else ''}"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"cannot open SQLite database {path}: {exc}") from None
+    try:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        if tables and not any(name.startswith("fa_") for name in tables):
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise DatabaseError(f"{path} is another application's SQLite database (tables {shown}, none of "
+                                "fa_autotune's); left untouched: give --db a new file")
+        found = [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            lines = [line for row in found for line in str(row).splitlines() if line and not line.startswith("***")]
+            raise DatabaseError(f"SQLite database {path} is corrupted ({'; '.join(lines) or found[0]}); nothing "
+                                "was written: restore it from a backup, or give --db a new file")
+    except sqlite3.Error as exc:
+        damaged = isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+        what = "is not a SQLite database or is corrupted" if damaged else "cannot be read"
+        raise DatabaseError(f"{path} {what} ({exc}); nothing was written") from None
+    finally:
+        conn.close()
+
+
 def _readonly_sqlite(parsed) -> Any:
     """A SQLite URL opened read-only (``mode=ro``): a missing file is an error, not a new
     database, and a read-only filesystem still reads."""
@@ -194,9 +233,13 @@ def _readonly_sqlite(parsed) -> Any:
     # directory the owner's next write then fails with "attempt to write a readonly
     # database"). Every committed row is in the main file then; a tune starting meanwhile
     # writes to its new -wal, which this short read does not see.
-    quiet = _is_wal(path) and not any(os.path.exists(path + suffix) for suffix in ("-wal", "-shm"))
-    extra = "" if os.access(os.path.dirname(path), os.W_OK) and not quiet else "&immutable=1"
+    extra = "" if os.access(os.path.dirname(path), os.W_OK) and not _is_idle_wal(path) else "&immutable=1"
     return parsed.set(database=f"file:{urllib.parse.quote(path)}?mode=ro{extra}", query={"uri": "true"})
+
+
+def _is_idle_wal(path: str) -> bool:
+    """A WAL database nobody has open: no -wal or -shm file beside it."""
+    return _is_wal(path) and not any(os.path.exists(path + suffix) for suffix in ("-wal", "-shm"))
 
 
 def _is_wal(path: str) -> bool:
