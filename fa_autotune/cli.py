@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ._version import __version__
-from .errors import ConfigError, FaAutotuneError, SearchSpaceError
+from .errors import ConfigError, FaAutotuneError, SearchSpaceError, one_line
+from .errors import quote as _quote
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 from .spec.space import load_space
@@ -525,17 +526,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")
     p.add_argument("--trials", type=_positive_int, default=None,
                    help="trials per problem (re-running continues up to this)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
+    p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds for the whole run")
     p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"])
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=_seed, default=None, help=f"sampler seed, 0..{_MAX_SEED}")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or a SQLite file in the user "
                                                "cache dir)")
     p.add_argument("--study", default=None, help="study name prefix (default: fa-autotune)")
     p.add_argument("--jobs", type=_positive_int, default=None, help="parallel compile processes")
-    p.add_argument("--retime-top", type=int, default=3, help="re-time this many best configs before picking")
-    p.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a trial counts as hung")
+    p.add_argument("--retime-top", type=_positive_int, default=3,
+                   help="re-time this many best configs before picking (at least 1: the winner is one of them)")
+    p.add_argument("--trial-timeout", type=_positive_float, default=180.0, help="seconds before a trial counts as hung")
     p.add_argument("--no-warm-start", action="store_true", help="do not seed studies with known-good configs")
-    p.add_argument("--max-error", type=float, default=None,
+    p.add_argument("--max-error", type=_positive_float, default=None,
                    help="FP8 (--dtype fp8): relative error vs float32 a config may have; time and error are both "
                         "minimized and the Pareto front stored (query pareto)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
@@ -569,8 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "flash, efficient, flex")
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
-    p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
-    p.add_argument("--rounds", type=int, default=1, help="times each provider is timed per problem, the providers "
+    p.add_argument("--rep-ms", type=_positive_float, default=200.0, help="timing repetitions per provider, in ms")
+    p.add_argument("--rounds", type=_positive_int, default=1, help="times each provider is timed per problem, the providers "
                    "taking turns (ratio: the median of the rounds' ratios); more rounds settle near-equal ratios "
                    "that clock and power drift would otherwise decide")
     p.add_argument("--with-forward", action="store_true", help="backward problems (--space bwd): time each "
@@ -613,9 +615,45 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_quote(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {_quote(text)}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+# Optuna's samplers hand the seed to numpy (0 .. 2**32 - 1); a resumed study and each worker
+# of `tune --gpus` add their trial count or slot to it, hence the headroom.
+_MAX_SEED = 2**31 - 1
+
+
+def _seed(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {_MAX_SEED}, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """A positive, finite number: 0 would time every trial out (or end the run at once),
+    and nan/inf compare false with everything, so no limit would hold."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_quote(text)}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {_quote(text)}")
     return value
 
 
@@ -627,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except FaAutotuneError as exc:
-        print(f"fa-autotune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fa-autotune {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         resume = ("; every finished trial is stored: run the same command again to resume"

@@ -161,3 +161,35 @@ def test_database_text_is_shown_not_read_as_markup(tmp_path, capsys):
     result = here(capsys, "query", "best", "--db", url)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "GPU[/][b]x" in result.stdout, result.stdout
+
+
+# ------------------------------------------------------------------ tune arguments
+@pytest.mark.parametrize("flag, value, message", [
+    ("--trial-timeout", "0", "expected a positive, finite number, got '0'"),
+    ("--trial-timeout", "-5", "expected a positive, finite number"),
+    ("--time-budget", "nan", "expected a positive, finite number, got 'nan'"),
+    ("--time-budget", "inf", "expected a positive, finite number, got 'inf'"),
+    ("--retime-top", "-1", "expected a positive integer, got -1"),
+    ("--retime-top", "0", "expected a positive integer, got 0"),
+    ("--seed", "-1", "expected a non-negative integer, got -1"),
+    ("--seed", "4294967296", "expected a seed from 0 to 2147483647"),
+    ("--max-error", "nan", "expected a positive, finite number"),
+])
+def test_tune_refuses_numbers_that_would_poison_a_run(tmp_path, flag, value, message, capsys):
+    """Refused by the argument parser, before a database is opened: nothing stored."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    line = one_line_error(here(capsys, "tune", "--batch", "1", "--heads", "2", "--seqlen", "40", "--head-dim", "16",
+                               "--trials", "1", flag, value, "--db", url))
+    assert f"argument {flag}: {message}" in line, line
+    assert os.listdir(tmp_path) == []
+
+
+def test_tune_options_refuse_the_same_numbers_from_python():
+    from fa_autotune.errors import FaAutotuneError
+    from fa_autotune.tune.search import TuneOptions
+
+    for bad in ({"trial_timeout": 0.0}, {"trial_timeout": float("nan")}, {"time_budget": float("nan")},
+                {"retime_top": 0}, {"seed": -1}):
+        with pytest.raises(FaAutotuneError):
+            TuneOptions(**bad)
+    assert TuneOptions(trial_timeout=0.5, retime_top=1, seed=0).trial_timeout == 0.5
