@@ -66,14 +66,50 @@ def problem_from_args(args: argparse.Namespace, kind: str = "fwd"):
 
 
 def config_from_args(args: argparse.Namespace):
-    text = args.config
+    text, where = args.config, "--config"
     if args.config_file:
-        text = Path(args.config_file).read_text()
+        if args.config:
+            raise ConfigError("--config-file", "give either --config or --config-file, not both")
+        text, where = _read_text(args.config_file, "--config-file", 1024 * 1024), f"--config-file {args.config_file}"
     try:
         data = json.loads(text) if text else {}
     except json.JSONDecodeError as exc:
-        raise ConfigError("config", f"not valid JSON ({exc})") from exc
+        raise ConfigError(where, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(where, "not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"expected a JSON object of template parameters, got {type(data).__name__}")
     return KernelConfig.from_mapping(data)
+
+
+def _read_text(path: str, flag: str, limit: int) -> str:
+    """A small UTF-8 text file named on the command line: a missing file, a directory, a
+    binary file or one past ``limit`` bytes is a one-line error naming ``flag``."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise FaAutotuneError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise FaAutotuneError(f"{flag} {path}: larger than {limit // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FaAutotuneError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _out_dir(path: str) -> Path:
+    """--out, a directory (made if missing): an existing file there, or on the way there, is a
+    one-line refusal before any work, and is never replaced."""
+    out = Path(path)
+    for candidate in (out, *out.parents):
+        if candidate.exists() and not candidate.is_dir():
+            where = f"--out {path} is a file" if candidate == out else f"--out {path}: {candidate} is a file"
+            raise FaAutotuneError(f"{where}, not a directory; --out names the directory for the output files, "
+                                  "and an existing file is never replaced")
+        if candidate.exists():
+            break
+    return out
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -86,8 +122,9 @@ def _render(args: argparse.Namespace) -> int:
     """Write a variant's Triton module into the kernel cache (or --out) and print its path."""
     from .kernels.render import render, write_module
 
+    out = _out_dir(args.out) if args.out else None
     rendered = render(config_from_args(args))
-    path = write_module(rendered, Path(args.out) if args.out else None)
+    path = write_module(rendered, out)
     print(path)
     if args.show:
         print(rendered.source)
@@ -99,7 +136,7 @@ def _compile(args: argparse.Namespace) -> int:
     """Compile a variant for a GPU architecture without a GPU; report shared memory and wgmma."""
     from .kernels.aot import compile_many
 
-    cap = tuple(int(x) for x in args.arch.split("."))
+    cap = args.arch
     config = config_from_args(args)
     problem = problem_from_args(args, kind={"decode": "decode", "backward": "bwd"}.get(config.loop_order, "fwd"))
     (result,) = compile_many([config], problem, capability=cap, jobs=1)
@@ -371,7 +408,7 @@ def _export(args: argparse.Namespace) -> int:
     from .runtime.files import export
     from .store import connect
 
-    paths = export(connect(args.db, readonly=True), args.out, args.gpu)
+    paths = export(connect(args.db, readonly=True), _out_dir(args.out), args.gpu)
     if not paths:
         print("nothing to export: the database has no tuned winners" + (f" for GPU {args.gpu!r}" if args.gpu else ""),
               file=sys.stderr)
@@ -405,7 +442,7 @@ def _report(args: argparse.Namespace) -> int:
     from .store.filters import Filters
 
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
-    paths = write_report(connect(args.db, readonly=True), args.out, filters)
+    paths = write_report(connect(args.db, readonly=True), _out_dir(args.out), filters)
     for path in paths:
         print(path)
     return 0 if paths else 1
@@ -514,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help=_compile.__doc__)
     _add_config_flags(p)
     add_problem_flags(p)
-    p.add_argument("--arch", default="9.0", help="compute capability to compile for (default 9.0, Hopper)")
+    p.add_argument("--arch", type=_arch, default=(9, 0),
+                   help="compute capability to compile for, MAJOR.MINOR (default 9.0, Hopper)")
 
     p = sub.add_parser("tune", help=_tune.__doc__, description=_tune.__doc__)
     p.add_argument("--preset", default=None, help="named problem set of the search space (default: smoke without a "
@@ -621,6 +659,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _arch(text: str) -> tuple[int, int]:
+    """A compute capability, MAJOR.MINOR: "9.0" -> (9, 0)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d{1,2})\.(\d{1,2})\s*", text)
+    if not match:
+        hint = f"; did you mean {int(text)}.0?" if text.strip().isdigit() and len(text.strip()) <= 2 else ""
+        raise argparse.ArgumentTypeError(f"expected a compute capability MAJOR.MINOR like 9.0 or 8.0, got "
+                                          f"{_quote(text)}{hint}")
+    cap = int(match[1]), int(match[2])
+    if cap < _MIN_ARCH:  # older GPUs crash Triton's compiler process instead of failing
+        raise argparse.ArgumentTypeError(f"Triton compiles for compute capability {_MIN_ARCH[0]}.{_MIN_ARCH[1]} "
+                                          f"and newer, got {text.strip()}")
+    return cap
+
+
+_MIN_ARCH = (7, 0)
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -663,12 +720,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except FaAutotuneError as exc:
         print(f"fa-autotune {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the command reads or writes (permissions, full disk, a directory)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"fa-autotune {args.command}: error: {one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         resume = ("; every finished trial is stored: run the same command again to resume"
                   if args.command == "tune" else "")
         print(f"fa-autotune {args.command}: interrupted{resume}", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``fa-autotune query ... | head``): stop quietly, as
+    a command killed by SIGPIPE would, with its exit status (128 + 13). Standard output is
+    pointed at /dev/null so the interpreter's last flush does not complain on stderr."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (captured output): nothing to flush
+        pass
+    return 141

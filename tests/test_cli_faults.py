@@ -193,3 +193,95 @@ def test_tune_options_refuse_the_same_numbers_from_python():
         with pytest.raises(FaAutotuneError):
             TuneOptions(**bad)
     assert TuneOptions(trial_timeout=0.5, retime_top=1, seed=0).trial_timeout == 0.5
+
+
+# ------------------------------------------------------------------ tracebacks turned into messages
+@pytest.fixture
+def odd_paths(tmp_path):
+    """A missing file, a binary file, a directory and a plain file, by name."""
+    (tmp_path / "binary.json").write_bytes(b"\x00\xff\xfe{\x80")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "plain.txt").write_text("keep me\n")
+    return {"missing": str(tmp_path / "missing.json"), "binary": str(tmp_path / "binary.json"),
+            "directory": str(tmp_path / "adir"), "file": str(tmp_path / "plain.txt")}
+
+
+@pytest.mark.parametrize("command", ["render", "compile"])
+@pytest.mark.parametrize("kind, message", [("missing", "cannot read (No such file or directory)"),
+                                           ("binary", "not UTF-8 text (byte 1)"),
+                                           ("directory", "cannot read (Is a directory)")])
+def test_config_file_that_cannot_be_read(odd_paths, command, kind, message, capsys):
+    line = one_line_error(here(capsys, command, "--config-file", odd_paths[kind]))
+    assert f"--config-file {odd_paths[kind]}: {message}" in line, line
+
+
+@pytest.mark.parametrize("arch, message", [
+    ("nine", "expected a compute capability MAJOR.MINOR like 9.0 or 8.0, got 'nine'"),
+    ("9", "got '9'; did you mean 9.0?"),
+    ("1.0", "Triton compiles for compute capability 7.0 and newer, got 1.0"),
+])
+def test_compile_arch_must_be_a_capability(arch, message, capsys):
+    line = one_line_error(here(capsys, "compile", "--config", "{}", "--arch", arch))
+    assert "argument --arch: " in line and message in line, line
+
+
+@pytest.mark.parametrize("args", [["render", "--config", "{}"], ["export", "--db", "DB"], ["report", "--db", "DB"]])
+def test_out_onto_an_existing_file_is_refused_and_the_file_kept(odd_paths, tmp_path, env, args, capsys):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)
+    args = [url if a == "DB" else a for a in args]
+    for out in (odd_paths["file"], os.path.join(odd_paths["file"], "sub")):
+        line = one_line_error(here(capsys, *args, "--out", out))
+        assert f"{odd_paths['file']} is a file, not a directory" in line and "never replaced" in line, line
+    assert open(odd_paths["file"]).read() == "keep me\n"
+
+
+def test_a_search_space_that_is_not_utf8(tmp_path, capsys):
+    space = tmp_path / "latin1.yaml"
+    space.write_bytes("version: 1\n# caf\xe9\n".encode("latin-1"))
+    line = one_line_error(here(capsys, "tune", "--space", str(space), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert f"{space}: not UTF-8 text (byte 16)" in line, line
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_a_billion_laughs_search_space_is_refused_at_once(tmp_path, capsys):
+    """Ten kilobytes of nested aliases would expand to 10**30 nodes: refused after counting
+    the composed graph, in well under a second, with a short message."""
+    import time
+
+    lines = ["version: 1", "a0: &a0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 30)]
+    space = tmp_path / "laughs.yaml"
+    space.write_text("\n".join(lines + ["parameters: *a29", "presets: {p: {problems: [*a29]}}"]) + "\n")
+    start = time.monotonic()
+    line = one_line_error(here(capsys, "tune", "--space", str(space), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert "laughs.yaml:6: expands to more than 100000 YAML nodes" in line and len(line) < 400, line  # at a4
+    assert time.monotonic() - start < 10
+    recursive = tmp_path / "recursive.yaml"
+    recursive.write_text("version: 1\nparameters: &p {BLOCK_M: *p}\n")
+    line = one_line_error(here(capsys, "tune", "--space", str(recursive), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert "not valid YAML" in line or "recursive" in line, line
+    assert not (tmp_path / "db.sqlite").exists()
+
+
+def test_error_messages_quoting_input_are_bounded(tmp_path, capsys):
+    """A huge value quoted back (here a 900 KB kernel name in a search space) is cut with an
+    ellipsis: the message stays one short line."""
+    space = tmp_path / "long.yaml"
+    shipped = open(os.path.join(os.path.dirname(SHIPPED), "..", "search_spaces", "tutorial.yaml")).read()
+    assert "\nkernel: attn_fwd\n" in shipped
+    space.write_text(shipped.replace("\nkernel: attn_fwd\n", "\nkernel: " + "k" * 900_000 + "\n"))
+    line = one_line_error(here(capsys, "tune", "--space", str(space), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert "kernel must be one of" in line and "kkk…" in line and len(line) <= 1100, len(line)
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path, env):
+    """`fa-autotune query best --format json | head` with head gone: no traceback, no
+    'Exception ignored' noise; the status a SIGPIPE'd command has."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "fa_autotune", "query", "best", "--format", "json", "--db", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
