@@ -152,7 +152,7 @@ def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
     from rich.console import Console
 
-    from .store import connect, safe_url
+    from .store import safe_url
     from .tune.progress import RichReporter, summary_line, summary_table
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
@@ -166,7 +166,7 @@ def _tune(args: argparse.Namespace) -> int:
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
                           max_error=args.max_error, worker=args.worker_slot)
-    db = connect(args.db)
+    db = _connect_to_write(args.db)
     reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
     console = Console()
@@ -178,6 +178,21 @@ def _tune(args: argparse.Namespace) -> int:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
     print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
+
+
+def _connect_to_write(url: str | None):
+    """The database a writing command opens (created if new); a new SQLite file at a relative
+    path (``sqlite:///tmp/x``: three slashes) is announced with its absolute path, as four
+    slashes were most likely meant."""
+    import os
+
+    from .store import connect, relative_sqlite_path
+
+    path = relative_sqlite_path(url) if url else None
+    if path is not None and not os.path.exists(path):
+        print(f"Note: creating the SQLite database {path} (the URL's path is relative to the current directory; "
+              f"an absolute path takes four slashes: {url.replace(':///', ':////', 1)})", file=sys.stderr)
+    return connect(url)
 
 
 def _gpu_ids(spec: str, count: int) -> list[int]:
@@ -226,7 +241,7 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
                           max_error=args.max_error)
     url = args.db or default_db_url()
-    db = connect(url)
+    db = _connect_to_write(url)
     storage = db.optuna_storage()  # the schema, once, before the workers start
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [part.strip() for part in visible.split(",")] if visible else None  # --gpus ids index this mask
@@ -324,7 +339,8 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
         return [problem_from_args(args, kind=space.kind)]
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
-        raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")
+        raise SearchSpaceError(f"unknown preset {_quote(name)} in {space.path}; available: "
+                               f"{', '.join(sorted(space.presets))}{_preset_elsewhere(name, args.space)}")
     problems = list(space.presets[name].problems)
     return _matching(problems, args) if args.match else problems
 
@@ -347,6 +363,25 @@ def _check_tunable(problems: list, gpu) -> None:
                   "try e.g. --batch 1 --heads 2 --seqlen 64 --head-dim 32", file=sys.stderr)
 
 
+def _preset_elsewhere(name: str | None, space_name: str) -> str:
+    """"; it belongs to --space X" when another shipped search space has preset ``name``
+    (e.g. `serving`, a decode preset, asked of the default forward space), else ""."""
+    from .paths import data_dir
+
+    if not name:
+        return ""
+    homes = []
+    for path in sorted(data_dir("search_spaces").glob("*.yaml")):
+        if path.stem == space_name:
+            continue
+        try:
+            if name in load_space(path.stem).presets:
+                homes.append(path.stem)
+        except FaAutotuneError:
+            continue
+    return f"; preset {_quote(name)} belongs to {' and '.join(f'--space {h}' for h in homes)}" if homes else ""
+
+
 def _matching(problems: list, args: argparse.Namespace) -> list:
     """The problems whose key contains each comma-separated part of --match."""
     wanted = [w.strip() for w in args.match.split(",") if w.strip()]
@@ -359,9 +394,12 @@ def _matching(problems: list, args: argparse.Namespace) -> list:
 @command("query")
 def _query(args: argparse.Namespace) -> int:
     """Read the results database: best config per problem, or every trial with its status."""
-    from .store import connect, queries, safe_url
+    from .store import STATUSES, connect, queries, safe_url
     from .store.filters import Filters
 
+    if args.status is not None and args.status not in STATUSES:  # else an empty table, as if none failed so
+        raise FaAutotuneError(f"--status {_quote(args.status)} is not a measurement status; one of "
+                              f"{', '.join(STATUSES)}")
     db = connect(args.db, readonly=True)
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
                               status=args.status, problem=args.problem)
@@ -387,7 +425,9 @@ def _query(args: argparse.Namespace) -> int:
     else:
         space = load_space(args.space)
         if not args.preset or args.preset not in space.presets:
-            raise FaAutotuneError(f"coverage needs --preset, one of {', '.join(sorted(space.presets))}")
+            asked = f"no preset {_quote(args.preset)} in --space {args.space}" if args.preset else "coverage needs --preset"
+            raise FaAutotuneError(f"{asked}; --space {args.space} has {', '.join(sorted(space.presets))}"
+                                  f"{_preset_elsewhere(args.preset, args.space)}")
         rows, row_type = queries.coverage(db, list(space.presets[args.preset].problems), filters), queries.CoverageRow
     if args.limit is not None:
         rows = rows[:args.limit]
@@ -422,14 +462,13 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     """Load exported config files into a database (all validated before anything is written)."""
     from .runtime.files import load
-    from .store import connect
     from .store.tuned import import_tuned
 
     def progress(done: int, total: int) -> None:
         print(f"importing: {done}/{total} configs", file=sys.stderr, flush=True)
 
     loaded = [load(path) for path in args.files]  # a refused file leaves the database unopened, uncreated
-    count = import_tuned(connect(args.db), loaded, progress)
+    count = import_tuned(_connect_to_write(args.db), loaded, progress)
     print(f"imported {count} tuned configs from {len(args.files)} file(s)")
     return 0
 

@@ -285,3 +285,46 @@ def test_output_into_a_closed_pipe_is_quiet(tmp_path, env):
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+# ------------------------------------------------------------------ issue 40 item 5
+def test_a_path_given_as_db_gets_the_url_to_use(tmp_path, capsys):
+    path = tmp_path / "x.sqlite"
+    line = one_line_error(here(capsys, "query", "best", "--db", str(path)))
+    assert f"for a SQLite file give sqlite:///{path}" in line and "sqlite:////" in line, line
+    line = one_line_error(here(capsys, "import", SHIPPED, "--db", "relative/x.sqlite"))
+    assert f"sqlite:///{os.path.abspath('relative/x.sqlite')}" in line
+    assert not path.exists() and not os.path.exists("relative")
+
+
+def test_a_relative_sqlite_url_says_where_it_writes(tmp_path, env, capsys, monkeypatch):
+    """sqlite:///tmp/x (three slashes) is ./tmp/x: a reader says so when nothing is there, a
+    writer names the absolute path it creates."""
+    monkeypatch.chdir(tmp_path)
+    url = "sqlite:///tmp/rel/x.sqlite"
+    line = one_line_error(here(capsys, "query", "best", "--db", url))
+    assert f"the URL names {tmp_path}/tmp/rel/x.sqlite" in line and "sqlite:////tmp/rel/x.sqlite" in line, line
+    result = here(capsys, "import", SHIPPED, "--db", url)
+    assert result.returncode == 0 and (tmp_path / "tmp" / "rel" / "x.sqlite").exists()
+    assert f"creating the SQLite database {tmp_path}/tmp/rel/x.sqlite" in result.stderr, result.stderr
+    assert "four slashes: sqlite:////tmp/rel/x.sqlite" in result.stderr
+    again = here(capsys, "import", SHIPPED, "--db", url)  # it exists now: nothing to announce
+    assert again.returncode == 0 and "creating" not in again.stderr
+
+
+def test_query_status_must_be_a_status(tmp_path, env, capsys):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)
+    line = one_line_error(here(capsys, "query", "trials", "--status", "okk", "--db", url))
+    assert "--status 'okk' is not a measurement status; one of ok, invalid_config" in line, line
+
+
+def test_a_preset_of_another_space_is_pointed_to(tmp_path, env, capsys):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)
+    line = one_line_error(here(capsys, "query", "coverage", "--preset", "serving", "--db", url))
+    assert "no preset 'serving' in --space fwd" in line and "preset 'serving' belongs to --space decode" in line, line
+    line = one_line_error(here(capsys, "tune", "--preset", "serving", "--db", url))
+    assert "belongs to --space decode" in line, line
+    served = here(capsys, "query", "coverage", "--preset", "serving", "--space", "decode", "--db", url)
+    assert served.returncode == 0 and "Traceback" not in served.stderr

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import DatabaseError
+from ..errors import DatabaseError, quote
 from ..paths import default_db_url
 from .migrations import check_readable, upgrade
 from .models import SchemaVersionModel
@@ -77,6 +77,9 @@ class Database:
         try:
             parsed = make_url(url)
         except Exception as exc:
+            if "://" not in url and url.strip():  # a file path where a URL belongs: say which URL
+                raise DatabaseError(f"not a database URL: {quote(url)}; for a SQLite file give "
+                                    f"sqlite:///{os.path.abspath(url)}") from None
             raise DatabaseError(scrub(f"not a database URL: {safe_url(url)} ({exc})", url)) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         kwargs = {}
@@ -178,6 +181,27 @@ def _prepare_sqlite_path(database: str | None) -> None:
         raise DatabaseError(f"cannot create the directory of SQLite database {database}: {exc}") from None
 
 
+def relative_sqlite_path(url: str) -> str | None:
+    """The absolute path a SQLite URL names relative to the current directory
+    (``sqlite:///tmp/x.sqlite``, three slashes: ./tmp/x.sqlite), else None: a writer says
+    where it creates such a file, since four slashes were most likely meant."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:" or database.startswith("file:") or os.path.isabs(database):
+        return None
+    return os.path.abspath(database)
+
+
+def _relative_hint(database: str) -> str:
+    if os.path.isabs(database):
+        return ""
+    return (f" (the URL names {os.path.abspath(database)}, relative to the current directory; an absolute "
+            f"path takes four slashes: sqlite:////{database})")
+
+
 def _check_before_writing(database: str | None) -> None:
     """Refuse, before anything is written, an existing SQLite file a writer must not touch:
     one that is not a SQLite database or is corrupted (``PRAGMA quick_check``: Optuna would
@@ -224,7 +248,7 @@ def _readonly_sqlite(parsed) -> Any:
     if database.startswith("file:"):
         return parsed
     if not os.path.isfile(database):
-        raise DatabaseError(f"no fa_autotune results at {database}: no such file")
+        raise DatabaseError(f"no fa_autotune results at {database}: no such file{_relative_hint(database)}")
     path = os.path.abspath(database)
     # A WAL database in a directory nobody may write (a read-only filesystem) opens only as
     # immutable: SQLite could not create its -shm file. One nobody has open (no -wal, no
