@@ -448,7 +448,8 @@ def _export(args: argparse.Namespace) -> int:
     from .runtime.files import export
     from .store import connect
 
-    paths = export(connect(args.db, readonly=True), _out_dir(args.out), args.gpu)
+    out = _out_dir(args.out)  # refused before the database is opened
+    paths = export(connect(args.db, readonly=True), out, args.gpu)
     if not paths:
         print("nothing to export: the database has no tuned winners" + (f" for GPU {args.gpu!r}" if args.gpu else ""),
               file=sys.stderr)
@@ -481,7 +482,8 @@ def _report(args: argparse.Namespace) -> int:
     from .store.filters import Filters
 
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
-    paths = write_report(connect(args.db, readonly=True), _out_dir(args.out), filters)
+    out = _out_dir(args.out)  # refused before the database is opened
+    paths = write_report(connect(args.db, readonly=True), out, filters)
     for path in paths:
         print(path)
     return 0 if paths else 1

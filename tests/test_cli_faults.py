@@ -261,6 +261,10 @@ def test_a_billion_laughs_search_space_is_refused_at_once(tmp_path, capsys):
     recursive.write_text("version: 1\nparameters: &p {BLOCK_M: *p}\n")
     line = one_line_error(here(capsys, "tune", "--space", str(recursive), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
     assert "not valid YAML" in line or "recursive" in line, line
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("version: 1\nparameters: " + "[" * 3000 + "]" * 3000 + "\n")
+    line = one_line_error(here(capsys, "tune", "--space", str(deep), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert "deep.yaml: nested too deeply to be a search space" in line, line
     assert not (tmp_path / "db.sqlite").exists()
 
 

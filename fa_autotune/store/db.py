@@ -77,7 +77,9 @@ class Database:
         try:
             parsed = make_url(url)
         except Exception as exc:
-            if "://" not in url and url.strip():  # a file path where a URL belongs: say which URL
+            # a file path where a URL belongs: say which URL (never for text that may be a
+            # mistyped URL with a password in it: a scheme, or user@host)
+            if url.strip() and "@" not in url and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url):
                 raise DatabaseError(f"not a database URL: {quote(url)}; for a SQLite file give "
                                     f"sqlite:///{os.path.abspath(url)}") from None
             raise DatabaseError(scrub(f"not a database URL: {safe_url(url)} ({exc})", url)) from None
