@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ConfigFileError, InputError
+from ..errors import ConfigError, ConfigFileError, InputError, quote
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import INTERPRETER, GpuInfo, SoftwareInfo
@@ -166,7 +166,7 @@ def _gpu(path: Path, raw: Any) -> GpuInfo:
             raise ConfigFileError(f"{path}: gpu.{name} must be {kind.__name__}, got {raw[name]!r}")
     if not (0 < len(raw["name"]) <= _MAX_NAME and raw["name"].isprintable()):
         raise ConfigFileError(f"{path}: gpu.name must be 1..{_MAX_NAME} printable characters (no control "
-                              f"characters), got {_clip(raw['name'])!r}")
+                              f"characters), got {quote(raw['name'], 60)}")
     if raw["capability"] != INTERPRETER and not re.fullmatch(r"\d{1,2}\.\d{1,2}", raw["capability"]):
         raise ConfigFileError(f"{path}: gpu.capability must look like '9.0', got {raw['capability']!r}")
     if not (0 <= raw["sm_count"] <= 100_000 and 0 <= raw["memory_mb"] <= 100_000_000):
@@ -177,11 +177,6 @@ def _gpu(path: Path, raw: Any) -> GpuInfo:
 
 
 _MAX_NAME = 128  # a GPU name becomes a file name on export
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    """``text`` cut to ``limit`` characters (an ellipsis marks the cut), for quoting in a message."""
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[FrontPoint]]:
@@ -219,7 +214,7 @@ def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[F
     for name in names:  # printed by `query`: an escape sequence would reach the user's terminal
         if len(sw[name]) > _MAX_NAME or not sw[name].isprintable():
             raise ConfigFileError(f"{where}: software.{name} must be at most {_MAX_NAME} printable characters "
-                                  f"(no control characters), got {_clip(sw[name])!r}")
+                                  f"(no control characters), got {quote(sw[name], 60)}")
     software = SoftwareInfo(**sw)
     winner = Winner(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, gpu, software,
                     source="import")
