@@ -332,3 +332,13 @@ def test_a_preset_of_another_space_is_pointed_to(tmp_path, env, capsys):
     assert "belongs to --space decode" in line, line
     served = here(capsys, "query", "coverage", "--preset", "serving", "--space", "decode", "--db", url)
     assert served.returncode == 0 and "Traceback" not in served.stderr
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path, env, capsys):
+    """/proc takes no new directories (whoever runs this, root included): the OS's reason,
+    naming the path, in one line."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    cli("import", SHIPPED, "--db", url, env=env)
+    for args in (["export", "--db", url], ["render", "--config", "{}"]):
+        line = one_line_error(here(capsys, *args, "--out", "/proc/fa_autotune_no_such_dir"))
+        assert "/proc/fa_autotune_no_such_dir: " in line, line
