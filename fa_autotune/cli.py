@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ._version import __version__
-from .errors import ConfigError, FaAutotuneError, SearchSpaceError
+from .errors import ConfigError, FaAutotuneError, SearchSpaceError, one_line
+from .errors import quote as _quote
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 from .spec.space import load_space
@@ -65,14 +66,50 @@ def problem_from_args(args: argparse.Namespace, kind: str = "fwd"):
 
 
 def config_from_args(args: argparse.Namespace):
-    text = args.config
+    text, where = args.config, "--config"
     if args.config_file:
-        text = Path(args.config_file).read_text()
+        if args.config:
+            raise ConfigError("--config-file", "give either --config or --config-file, not both")
+        text, where = _read_text(args.config_file, "--config-file", 1024 * 1024), f"--config-file {args.config_file}"
     try:
         data = json.loads(text) if text else {}
     except json.JSONDecodeError as exc:
-        raise ConfigError("config", f"not valid JSON ({exc})") from exc
+        raise ConfigError(where, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(where, "not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"expected a JSON object of template parameters, got {type(data).__name__}")
     return KernelConfig.from_mapping(data)
+
+
+def _read_text(path: str, flag: str, limit: int) -> str:
+    """A small UTF-8 text file named on the command line: a missing file, a directory, a
+    binary file or one past ``limit`` bytes is a one-line error naming ``flag``."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise FaAutotuneError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise FaAutotuneError(f"{flag} {path}: larger than {limit // 1024} KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FaAutotuneError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _out_dir(path: str) -> Path:
+    """--out, a directory (made if missing): an existing file there, or on the way there, is a
+    one-line refusal before any work, and is never replaced."""
+    out = Path(path)
+    for candidate in (out, *out.parents):
+        if candidate.exists() and not candidate.is_dir():
+            where = f"--out {path} is a file" if candidate == out else f"--out {path}: {candidate} is a file"
+            raise FaAutotuneError(f"{where}, not a directory; --out names the directory for the output files, "
+                                  "and an existing file is never replaced")
+        if candidate.exists():
+            break
+    return out
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -85,8 +122,9 @@ def _render(args: argparse.Namespace) -> int:
     """Write a variant's Triton module into the kernel cache (or --out) and print its path."""
     from .kernels.render import render, write_module
 
+    out = _out_dir(args.out) if args.out else None
     rendered = render(config_from_args(args))
-    path = write_module(rendered, Path(args.out) if args.out else None)
+    path = write_module(rendered, out)
     print(path)
     if args.show:
         print(rendered.source)
@@ -98,7 +136,7 @@ def _compile(args: argparse.Namespace) -> int:
     """Compile a variant for a GPU architecture without a GPU; report shared memory and wgmma."""
     from .kernels.aot import compile_many
 
-    cap = tuple(int(x) for x in args.arch.split("."))
+    cap = args.arch
     config = config_from_args(args)
     problem = problem_from_args(args, kind={"decode": "decode", "backward": "bwd"}.get(config.loop_order, "fwd"))
     (result,) = compile_many([config], problem, capability=cap, jobs=1)
@@ -114,7 +152,7 @@ def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
     from rich.console import Console
 
-    from .store import connect, safe_url
+    from .store import safe_url
     from .tune.progress import RichReporter, summary_line, summary_table
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
@@ -128,7 +166,7 @@ def _tune(args: argparse.Namespace) -> int:
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
                           max_error=args.max_error, worker=args.worker_slot)
-    db = connect(args.db)
+    db = _connect_to_write(args.db)
     reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
     console = Console()
@@ -140,6 +178,21 @@ def _tune(args: argparse.Namespace) -> int:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
     print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
+
+
+def _connect_to_write(url: str | None):
+    """The database a writing command opens (created if new); a new SQLite file at a relative
+    path (``sqlite:///tmp/x``: three slashes) is announced with its absolute path, as four
+    slashes were most likely meant."""
+    import os
+
+    from .store import connect, relative_sqlite_path
+
+    path = relative_sqlite_path(url) if url else None
+    if path is not None and not os.path.exists(path):
+        print(f"Note: creating the SQLite database {path} (the URL's path is relative to the current directory; "
+              f"an absolute path takes four slashes: {url.replace(':///', ':////', 1)})", file=sys.stderr)
+    return connect(url)
 
 
 def _gpu_ids(spec: str, count: int) -> list[int]:
@@ -188,7 +241,7 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
                           max_error=args.max_error)
     url = args.db or default_db_url()
-    db = connect(url)
+    db = _connect_to_write(url)
     storage = db.optuna_storage()  # the schema, once, before the workers start
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [part.strip() for part in visible.split(",")] if visible else None  # --gpus ids index this mask
@@ -286,7 +339,8 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
         return [problem_from_args(args, kind=space.kind)]
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
-        raise SearchSpaceError(f"unknown preset {name!r} in {space.path}; available: {', '.join(sorted(space.presets))}")
+        raise SearchSpaceError(f"unknown preset {_quote(name)} in {space.path}; available: "
+                               f"{', '.join(sorted(space.presets))}{_preset_elsewhere(name, args.space)}")
     problems = list(space.presets[name].problems)
     return _matching(problems, args) if args.match else problems
 
@@ -309,6 +363,25 @@ def _check_tunable(problems: list, gpu) -> None:
                   "try e.g. --batch 1 --heads 2 --seqlen 64 --head-dim 32", file=sys.stderr)
 
 
+def _preset_elsewhere(name: str | None, space_name: str) -> str:
+    """"; it belongs to --space X" when another shipped search space has preset ``name``
+    (e.g. `serving`, a decode preset, asked of the default forward space), else ""."""
+    from .paths import data_dir
+
+    if not name:
+        return ""
+    homes = []
+    for path in sorted(data_dir("search_spaces").glob("*.yaml")):
+        if path.stem == space_name:
+            continue
+        try:
+            if name in load_space(path.stem).presets:
+                homes.append(path.stem)
+        except FaAutotuneError:
+            continue
+    return f"; preset {_quote(name)} belongs to {' and '.join(f'--space {h}' for h in homes)}" if homes else ""
+
+
 def _matching(problems: list, args: argparse.Namespace) -> list:
     """The problems whose key contains each comma-separated part of --match."""
     wanted = [w.strip() for w in args.match.split(",") if w.strip()]
@@ -321,9 +394,12 @@ def _matching(problems: list, args: argparse.Namespace) -> list:
 @command("query")
 def _query(args: argparse.Namespace) -> int:
     """Read the results database: best config per problem, or every trial with its status."""
-    from .store import connect, queries, safe_url
+    from .store import STATUSES, connect, queries, safe_url
     from .store.filters import Filters
 
+    if args.status is not None and args.status not in STATUSES:  # else an empty table, as if none failed so
+        raise FaAutotuneError(f"--status {_quote(args.status)} is not a measurement status; one of "
+                              f"{', '.join(STATUSES)}")
     db = connect(args.db, readonly=True)
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal,
                               status=args.status, problem=args.problem)
@@ -349,7 +425,9 @@ def _query(args: argparse.Namespace) -> int:
     else:
         space = load_space(args.space)
         if not args.preset or args.preset not in space.presets:
-            raise FaAutotuneError(f"coverage needs --preset, one of {', '.join(sorted(space.presets))}")
+            asked = f"no preset {_quote(args.preset)} in --space {args.space}" if args.preset else "coverage needs --preset"
+            raise FaAutotuneError(f"{asked}; --space {args.space} has {', '.join(sorted(space.presets))}"
+                                  f"{_preset_elsewhere(args.preset, args.space)}")
         rows, row_type = queries.coverage(db, list(space.presets[args.preset].problems), filters), queries.CoverageRow
     if args.limit is not None:
         rows = rows[:args.limit]
@@ -370,7 +448,8 @@ def _export(args: argparse.Namespace) -> int:
     from .runtime.files import export
     from .store import connect
 
-    paths = export(connect(args.db, readonly=True), args.out, args.gpu)
+    out = _out_dir(args.out)  # refused before the database is opened
+    paths = export(connect(args.db, readonly=True), out, args.gpu)
     if not paths:
         print("nothing to export: the database has no tuned winners" + (f" for GPU {args.gpu!r}" if args.gpu else ""),
               file=sys.stderr)
@@ -383,13 +462,14 @@ def _export(args: argparse.Namespace) -> int:
 @command("import")
 def _import(args: argparse.Namespace) -> int:
     """Load exported config files into a database (all validated before anything is written)."""
-    from .runtime.files import import_files
-    from .store import connect
+    from .runtime.files import load
+    from .store.tuned import import_tuned
 
     def progress(done: int, total: int) -> None:
         print(f"importing: {done}/{total} configs", file=sys.stderr, flush=True)
 
-    count = import_files(connect(args.db), args.files, progress)
+    loaded = [load(path) for path in args.files]  # a refused file leaves the database unopened, uncreated
+    count = import_tuned(_connect_to_write(args.db), loaded, progress)
     print(f"imported {count} tuned configs from {len(args.files)} file(s)")
     return 0
 
@@ -402,7 +482,8 @@ def _report(args: argparse.Namespace) -> int:
     from .store.filters import Filters
 
     filters = Filters(gpu=args.gpu, dtype=args.dtype, head_dim=args.head_dim, causal=args.causal)
-    paths = write_report(connect(args.db, readonly=True), args.out, filters)
+    out = _out_dir(args.out)  # refused before the database is opened
+    paths = write_report(connect(args.db, readonly=True), out, filters)
     for path in paths:
         print(path)
     return 0 if paths else 1
@@ -423,14 +504,17 @@ def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> Non
         writer.writerows(flat)
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    # Every cell and the title (a path) is database or user text: escaped, a "[/]" in a GPU
+    # name is shown, not read as rich markup.
+    table = Table(title=escape(title))
     shown = [c for c in columns if c != "config"]
     for c in shown:
         table.add_column(c, overflow="fold")
     for r in flat:
-        table.add_row(*(_cell(r[c]) for c in shown))
+        table.add_row(*(escape(_cell(r[c])) for c in shown))
     Console(width=max(120, 14 * len(shown))).print(table)
 
 
@@ -508,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help=_compile.__doc__)
     _add_config_flags(p)
     add_problem_flags(p)
-    p.add_argument("--arch", default="9.0", help="compute capability to compile for (default 9.0, Hopper)")
+    p.add_argument("--arch", type=_arch, default=(9, 0),
+                   help="compute capability to compile for, MAJOR.MINOR (default 9.0, Hopper)")
 
     p = sub.add_parser("tune", help=_tune.__doc__, description=_tune.__doc__)
     p.add_argument("--preset", default=None, help="named problem set of the search space (default: smoke without a "
@@ -520,17 +605,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")
     p.add_argument("--trials", type=_positive_int, default=None,
                    help="trials per problem (re-running continues up to this)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
+    p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds for the whole run")
     p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"])
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=_seed, default=None, help=f"sampler seed, 0..{_MAX_SEED}")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or a SQLite file in the user "
                                                "cache dir)")
     p.add_argument("--study", default=None, help="study name prefix (default: fa-autotune)")
     p.add_argument("--jobs", type=_positive_int, default=None, help="parallel compile processes")
-    p.add_argument("--retime-top", type=int, default=3, help="re-time this many best configs before picking")
-    p.add_argument("--trial-timeout", type=float, default=180.0, help="seconds before a trial counts as hung")
+    p.add_argument("--retime-top", type=_positive_int, default=3,
+                   help="re-time this many best configs before picking (at least 1: the winner is one of them)")
+    p.add_argument("--trial-timeout", type=_positive_float, default=180.0, help="seconds before a trial counts as hung")
     p.add_argument("--no-warm-start", action="store_true", help="do not seed studies with known-good configs")
-    p.add_argument("--max-error", type=float, default=None,
+    p.add_argument("--max-error", type=_positive_float, default=None,
                    help="FP8 (--dtype fp8): relative error vs float32 a config may have; time and error are both "
                         "minimized and the Pareto front stored (query pareto)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
@@ -564,8 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "flash, efficient, flex, fa4 (FlashAttention-4, the [fa4] extra)")
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
-    p.add_argument("--rep-ms", type=float, default=200.0, help="timing repetitions per provider, in ms")
-    p.add_argument("--rounds", type=int, default=1, help="times each provider is timed per problem, the providers "
+    p.add_argument("--rep-ms", type=_positive_float, default=200.0, help="timing repetitions per provider, in ms")
+    p.add_argument("--rounds", type=_positive_int, default=1, help="times each provider is timed per problem, the providers "
                    "taking turns (ratio: the median of the rounds' ratios); more rounds settle near-equal ratios "
                    "that clock and power drift would otherwise decide")
     p.add_argument("--with-forward", action="store_true", help="backward problems (--space bwd): time each "
@@ -608,9 +694,64 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_quote(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _arch(text: str) -> tuple[int, int]:
+    """A compute capability, MAJOR.MINOR: "9.0" -> (9, 0)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d{1,2})\.(\d{1,2})\s*", text)
+    if not match:
+        hint = f"; did you mean {int(text)}.0?" if text.strip().isdigit() and len(text.strip()) <= 2 else ""
+        raise argparse.ArgumentTypeError(f"expected a compute capability MAJOR.MINOR like 9.0 or 8.0, got "
+                                          f"{_quote(text)}{hint}")
+    cap = int(match[1]), int(match[2])
+    if cap < _MIN_ARCH:  # older GPUs crash Triton's compiler process instead of failing
+        raise argparse.ArgumentTypeError(f"Triton compiles for compute capability {_MIN_ARCH[0]}.{_MIN_ARCH[1]} "
+                                          f"and newer, got {text.strip()}")
+    return cap
+
+
+_MIN_ARCH = (7, 0)
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {_quote(text)}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+# Optuna's samplers hand the seed to numpy (0 .. 2**32 - 1); a resumed study and each worker
+# of `tune --gpus` add their trial count or slot to it, hence the headroom.
+_MAX_SEED = 2**31 - 1
+
+
+def _seed(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {_MAX_SEED}, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """A positive, finite number: 0 would time every trial out (or end the run at once),
+    and nan/inf compare false with everything, so no limit would hold."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_quote(text)}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {_quote(text)}")
     return value
 
 
@@ -620,12 +761,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except FaAutotuneError as exc:
-        print(f"fa-autotune {args.command}: error: {exc}", file=sys.stderr)
+        print(f"fa-autotune {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file the command reads or writes (permissions, full disk, a directory)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"fa-autotune {args.command}: error: {one_line(where + (exc.strerror or str(exc)))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         resume = ("; every finished trial is stored: run the same command again to resume"
                   if args.command == "tune" else "")
         print(f"fa-autotune {args.command}: interrupted{resume}", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (``fa-autotune query ... | head``): stop quietly, as
+    a command killed by SIGPIPE would, with its exit status (128 + 13). Standard output is
+    pointed at /dev/null so the interpreter's last flush does not complain on stderr."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (captured output): nothing to flush
+        pass
+    return 141

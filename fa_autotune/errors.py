@@ -49,3 +49,19 @@ class DatabaseError(FaAutotuneError, RuntimeError):
 
 class ConfigFileError(FaAutotuneError, ValueError):
     """An exported config file that is corrupt, truncated, foreign or of a newer schema."""
+
+
+MESSAGE_LIMIT = 1000  # characters of an error message the CLI prints; input quoted in one is cut
+
+
+def quote(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, at most ``limit`` characters (an ellipsis marks a cut):
+    messages quote user input, which may be megabytes long."""
+    text = repr(value) if not isinstance(value, str) or len(value) <= 4 * limit else repr(value[:4 * limit])
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def one_line(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` on one line (line breaks shown as " | ") and at most ``limit`` characters."""
+    flat = " | ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"

@@ -106,7 +106,7 @@ def test_runtime_reads_tuned_results_only_through_store_tuned_or_files():
             assert store <= {"fa_autotune.store", "fa_autotune.store.connect", "fa_autotune.store.tuned",
                              "fa_autotune.store.tuned.tuned_for", "fa_autotune.store.tuned.tuned_by_gpu",
                              "fa_autotune.store.tuned.import_tuned", "fa_autotune.store.Database",
-                                 "fa_autotune.store.safe_url"}, (name, store)
+                                 "fa_autotune.store.safe_url", "fa_autotune.store.scrub"}, (name, store)
 
 
 def test_import_is_cheap():

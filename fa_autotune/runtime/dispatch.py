@@ -214,7 +214,7 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
     url = default_db_url()
     if url.startswith("sqlite:///") and not os.path.exists(url.removeprefix("sqlite:///")):
         return None  # never create a database just to look into it
-    from ..store import connect, safe_url  # SQLAlchemy only when there is a database to read
+    from ..store import connect, safe_url, scrub  # SQLAlchemy only when there is a database to read
     from ..store.tuned import tuned_for
 
     try:
@@ -224,7 +224,7 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
         finally:
             db.dispose()
     except Exception as exc:  # an unreachable or foreign database must not break attention()
-        warn(f"cannot read tuned results from {safe_url(url)}: {exc}")
+        warn(scrub(f"cannot read tuned results from {safe_url(url)}: {exc}", url))
         return None
 
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ConfigFileError, InputError
+from ..errors import ConfigError, ConfigFileError, InputError, quote
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import INTERPRETER, GpuInfo, SoftwareInfo
@@ -165,7 +165,8 @@ def _gpu(path: Path, raw: Any) -> GpuInfo:
         if not isinstance(raw[name], kind) or isinstance(raw[name], bool):
             raise ConfigFileError(f"{path}: gpu.{name} must be {kind.__name__}, got {raw[name]!r}")
     if not (0 < len(raw["name"]) <= _MAX_NAME and raw["name"].isprintable()):
-        raise ConfigFileError(f"{path}: gpu.name must be 1..{_MAX_NAME} printable characters")
+        raise ConfigFileError(f"{path}: gpu.name must be 1..{_MAX_NAME} printable characters (no control "
+                              f"characters), got {quote(raw['name'], 60)}")
     if raw["capability"] != INTERPRETER and not re.fullmatch(r"\d{1,2}\.\d{1,2}", raw["capability"]):
         raise ConfigFileError(f"{path}: gpu.capability must look like '9.0', got {raw['capability']!r}")
     if not (0 <= raw["sm_count"] <= 100_000 and 0 <= raw["memory_mb"] <= 100_000_000):
@@ -210,6 +211,10 @@ def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[F
     names = ("triton", "torch", "cuda", "fa_autotune", "template_hash")
     if not isinstance(sw, dict) or set(sw) != set(names) or not all(isinstance(sw[n], str) for n in names):
         raise ConfigFileError(f"{where}: software must have string fields {list(names)}")
+    for name in names:  # printed by `query`: an escape sequence would reach the user's terminal
+        if len(sw[name]) > _MAX_NAME or not sw[name].isprintable():
+            raise ConfigFileError(f"{where}: software.{name} must be at most {_MAX_NAME} printable characters "
+                                  f"(no control characters), got {quote(sw[name], 60)}")
     software = SoftwareInfo(**sw)
     winner = Winner(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, gpu, software,
                     source="import")

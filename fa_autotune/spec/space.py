@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import ConfigError, InputError, SearchSpaceError
+from ..errors import ConfigError, InputError, SearchSpaceError, one_line
 from ..paths import data_dir
 from .config import GLUON_FIELDS, STRUCTURE_DEFAULTS, KernelConfig
 from .problem import Problem
@@ -302,7 +302,26 @@ def load_space(name_or_path: str | Path = "fwd") -> SearchSpace:
         path = data_dir("search_spaces") / f"{name_or_path}.yaml"
     if not path.is_file():
         raise SearchSpaceError(f"search space file {path} does not exist")
-    return parse_space(path.read_text(), str(path))
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SPACE_BYTES + 1)
+    except OSError as exc:
+        raise SearchSpaceError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_SPACE_BYTES:
+        raise SearchSpaceError(f"{path}: larger than {MAX_SPACE_BYTES // 1024} KiB; a search space is a few KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SearchSpaceError(f"{path}: not UTF-8 text (byte {exc.start}); save the YAML as UTF-8") from None
+    return parse_space(text, str(path))
+
+
+# Bounds on what a search-space file may make the loader do: the shipped ones are ~10 KiB and
+# ~500 YAML nodes. Aliases multiply: a 10 KiB file of nested anchors ("billion laughs")
+# expands to billions of nodes, so the count is of the expanded tree, taken before any value
+# is built.
+MAX_SPACE_BYTES = 1024 * 1024
+MAX_SPACE_NODES = 100_000
 
 
 def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
@@ -310,11 +329,15 @@ def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(root, filename)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise SearchSpaceError(f"{filename}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        problem = one_line(str(getattr(exc, "problem", None) or exc), 200)
+        raise SearchSpaceError(f"{filename}{line}: not valid YAML ({problem})") from None
+    except RecursionError:
+        raise SearchSpaceError(f"{filename}: nested too deeply to be a search space") from None
     loc = _Locator(filename, root)
     if not isinstance(data, dict):
         raise SearchSpaceError(f"{filename}: expected a mapping at the top level")
@@ -343,6 +366,36 @@ def parse_space(text: str, filename: str = "<string>") -> SearchSpace:
     presets = {name: _parse_preset(name, body, loc, KERNELS[kernel])
                for name, body in (data.get("presets") or {}).items()}
     return SearchSpace(kernel, filename, params, constraints, presets, arch)
+
+
+def _check_expansion(root, filename: str) -> None:
+    """Refuse a YAML document whose tree, aliases expanded, exceeds MAX_SPACE_NODES nodes or
+    refers to itself: counted on the composed node graph (an alias is the anchored node
+    again), each node's expanded size once, so the count itself stays cheap."""
+    sizes: dict[int, int | None] = {}
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            known = sizes[key]
+            if known is None:
+                raise SearchSpaceError(f"{filename}:{node.start_mark.line + 1}: an alias refers to a node that "
+                                       "contains it (a recursive structure)")
+            return known
+        sizes[key] = None
+        total = 1
+        children = node.value if node.id == "sequence" else (
+            [part for pair in node.value for part in pair] if node.id == "mapping" else [])
+        for child in children:
+            total += size(child)
+            if total > MAX_SPACE_NODES:
+                raise SearchSpaceError(f"{filename}:{node.start_mark.line + 1}: expands to more than "
+                                       f"{MAX_SPACE_NODES} YAML nodes (nested aliases?); a search space has hundreds")
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        size(root)
 
 
 class _Locator:

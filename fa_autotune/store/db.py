@@ -7,6 +7,8 @@ newer ones, so a database is never silently rewritten by the wrong version.
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import DatabaseError
+from ..errors import DatabaseError, quote
 from ..paths import default_db_url
 from .migrations import check_readable, upgrade
 from .models import SchemaVersionModel
@@ -30,12 +32,38 @@ def default_url() -> str:
     return default_db_url()
 
 
+# Query parameters that carry a secret (libpq's password, sslpassword, passfile; tokens and
+# keys of other drivers): masked in every message like the ``user:pw@`` form.
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
+_MASK = "***"
+
+
 def safe_url(url: str) -> str:
-    """The URL with any password masked, for messages."""
+    """The URL with its password masked, for messages: the ``user:pw@`` form and any
+    secret-looking query parameter (``?password=...``, ``sslpassword``, ``passfile``...)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        secret = {k: _MASK for k in parsed.query if _SECRET_PARAM.search(k)}
+        return parsed.update_query_dict(secret).render_as_string(hide_password=True).replace("%2A%2A%2A", _MASK)
     except Exception:
         return "<unparseable URL>"
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` (a driver's error text) with the URL's secrets replaced by ``***``: a
+    driver may quote its connection string or a password in its own words."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return message
+    message = message.replace(url, safe_url(url))
+    secrets = [parsed.password] if parsed.password else []
+    for key, value in parsed.query.items():
+        if _SECRET_PARAM.search(key):
+            secrets += [value] if isinstance(value, str) else list(value)
+    for secret in sorted({str(s) for s in secrets if s}, key=len, reverse=True):
+        message = message.replace(secret, _MASK)
+    return message
 
 
 class Database:
@@ -49,7 +77,12 @@ class Database:
         try:
             parsed = make_url(url)
         except Exception as exc:
-            raise DatabaseError(f"not a database URL: {safe_url(url)} ({exc})") from None
+            # a file path where a URL belongs: say which URL (never for text that may be a
+            # mistyped URL with a password in it: a scheme, or user@host)
+            if url.strip() and "@" not in url and not re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url):
+                raise DatabaseError(f"not a database URL: {quote(url)}; for a SQLite file give "
+                                    f"sqlite:///{os.path.abspath(url)}") from None
+            raise DatabaseError(scrub(f"not a database URL: {safe_url(url)} ({exc})", url)) from None
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         kwargs = {}
         engine_url: Any = url
@@ -58,11 +91,12 @@ class Database:
             if readonly:
                 engine_url = _readonly_sqlite(parsed)
             else:
+                _check_before_writing(parsed.database)
                 _prepare_sqlite_path(parsed.database)
         try:
             self.engine: Engine = create_engine(engine_url, future=True, **kwargs)
         except Exception as exc:  # missing driver, bad options
-            raise DatabaseError(f"cannot open database {safe_url(url)}: {exc}") from None
+            raise DatabaseError(scrub(f"cannot open database {safe_url(url)}: {exc}", url)) from None
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database, wal=not readonly))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -78,8 +112,8 @@ class Database:
             raise
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise DatabaseError(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
-                                f"{str(exc).splitlines()[0]}") from None
+            raise DatabaseError(scrub(f"cannot reach database {safe_url(url)}: {exc.__class__.__name__}: "
+                                      f"{str(exc).splitlines()[0]}", url)) from None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -94,7 +128,7 @@ class Database:
             session.rollback()
             detail = str(getattr(exc, "orig", None) or exc).strip()  # the driver's own words first
             first = detail.splitlines()[0] if detail else ""
-            raise DatabaseError(f"database {safe_url(self.url)}: {exc.__class__.__name__}: {first}") from exc
+            raise DatabaseError(scrub(f"database {safe_url(self.url)}: {exc.__class__.__name__}: {first}", self.url)) from exc
         except BaseException:
             session.rollback()
             raise
@@ -114,7 +148,7 @@ class Database:
             return _schema_race_retried(
                 lambda: optuna.storages.RDBStorage(self.url, engine_kwargs=kwargs, skip_compatibility_check=False))
         except Exception as exc:
-            raise DatabaseError(f"Optuna cannot use {safe_url(self.url)}: {exc}") from None
+            raise DatabaseError(scrub(f"Optuna cannot use {safe_url(self.url)}: {exc}", self.url)) from None
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -149,6 +183,64 @@ def _prepare_sqlite_path(database: str | None) -> None:
         raise DatabaseError(f"cannot create the directory of SQLite database {database}: {exc}") from None
 
 
+def relative_sqlite_path(url: str) -> str | None:
+    """The absolute path a SQLite URL names relative to the current directory
+    (``sqlite:///tmp/x.sqlite``, three slashes: ./tmp/x.sqlite), else None: a writer says
+    where it creates such a file, since four slashes were most likely meant."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:" or database.startswith("file:") or os.path.isabs(database):
+        return None
+    return os.path.abspath(database)
+
+
+def _relative_hint(database: str) -> str:
+    if os.path.isabs(database):
+        return ""
+    return (f" (the URL names {os.path.abspath(database)}, relative to the current directory; an absolute "
+            f"path takes four slashes: sqlite:////{database})")
+
+
+def _check_before_writing(database: str | None) -> None:
+    """Refuse, before anything is written, an existing SQLite file a writer must not touch:
+    one that is not a SQLite database or is corrupted (``PRAGMA quick_check``: Optuna would
+    otherwise create its tables and rewrite the header before the damage showed), and another
+    application's database (tables, none of them fa_autotune's), which would get our tables
+    and a switch to WAL mode. Opened read-only, so a refusal leaves the file as it was."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = os.path.abspath(database)
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:  # a new (or empty) database
+        return
+    # read-only creates no file beside a rollback-journal database; an idle WAL one opens
+    # immutable (as readers do: see _readonly_sqlite)
+    uri = f"file:{urllib.parse.quote(path)}?mode=ro{'&immutable=1' if _is_idle_wal(path) else ''}"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"cannot open SQLite database {path}: {exc}") from None
+    try:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        if tables and not any(name.startswith("fa_") for name in tables):
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise DatabaseError(f"{path} is another application's SQLite database (tables {shown}, none of "
+                                "fa_autotune's); left untouched: give --db a new file")
+        found = [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            lines = [line for row in found for line in str(row).splitlines() if line and not line.startswith("***")]
+            raise DatabaseError(f"SQLite database {path} is corrupted ({'; '.join(lines) or found[0]}); nothing "
+                                "was written: restore it from a backup, or give --db a new file")
+    except sqlite3.Error as exc:
+        damaged = isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+        what = "is not a SQLite database or is corrupted" if damaged else "cannot be read"
+        raise DatabaseError(f"{path} {what} ({exc}); nothing was written") from None
+    finally:
+        conn.close()
+
+
 def _readonly_sqlite(parsed) -> Any:
     """A SQLite URL opened read-only (``mode=ro``): a missing file is an error, not a new
     database, and a read-only filesystem still reads."""
@@ -158,12 +250,32 @@ def _readonly_sqlite(parsed) -> Any:
     if database.startswith("file:"):
         return parsed
     if not os.path.isfile(database):
-        raise DatabaseError(f"no fa_autotune results at {database}: no such file")
+        raise DatabaseError(f"no fa_autotune results at {database}: no such file{_relative_hint(database)}")
     path = os.path.abspath(database)
     # A WAL database in a directory nobody may write (a read-only filesystem) opens only as
-    # immutable: SQLite could not create its -shm file.
-    extra = "" if os.access(os.path.dirname(path), os.W_OK) else "&immutable=1"
+    # immutable: SQLite could not create its -shm file. One nobody has open (no -wal, no
+    # -shm beside it) opens immutable too: a read-only connection would create both files
+    # and, unable to checkpoint, leave them behind, owned by the reader (in a shared
+    # directory the owner's next write then fails with "attempt to write a readonly
+    # database"). Every committed row is in the main file then; a tune starting meanwhile
+    # writes to its new -wal, which this short read does not see.
+    extra = "" if os.access(os.path.dirname(path), os.W_OK) and not _is_idle_wal(path) else "&immutable=1"
     return parsed.set(database=f"file:{urllib.parse.quote(path)}?mode=ro{extra}", query={"uri": "true"})
+
+
+def _is_idle_wal(path: str) -> bool:
+    """A WAL database nobody has open: no -wal or -shm file beside it."""
+    return _is_wal(path) and not any(os.path.exists(path + suffix) for suffix in ("-wal", "-shm"))
+
+
+def _is_wal(path: str) -> bool:
+    """Whether the SQLite file's header says WAL mode (file format versions 2 at bytes 18-19)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return header.startswith(b"SQLite format 3\x00") and header[18:20] == b"\x02\x02"
 
 
 def _sqlite_pragmas(database: str | None, wal: bool = True):

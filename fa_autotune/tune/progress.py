@@ -5,6 +5,7 @@ import time
 from collections import Counter
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -45,7 +46,7 @@ class RichReporter:
         total = self.progress.tasks[self.total_task].total or 0
         self.progress.update(self.total_task, total=total + target - outcome.trials)
         self.progress.reset(self.problem_task, total=target, completed=outcome.trials,
-                             description=f"[{index + 1}] {outcome.problem.key}", detail="")
+                             description=escape(f"[{index + 1}] {outcome.problem.key}"), detail="")
 
     def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig | None, ms: float | None) -> None:
         self.progress.advance(self.total_task)
@@ -93,7 +94,7 @@ def summary_table(outcomes: list[ProblemOutcome], interpreter: bool) -> Table:
     for column in _COLUMNS:
         table.add_column("ms (interpreter)" if interpreter and column == "ms" else column, overflow="fold")
     for o in outcomes:
-        table.add_row(*_cells(o, interpreter))
+        table.add_row(*(escape(cell) for cell in _cells(o, interpreter)))  # text, never rich markup
     return table
 
 

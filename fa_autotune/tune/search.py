@@ -78,8 +78,15 @@ class TuneOptions:
             raise FaAutotuneError(f"unknown sampler {self.sampler!r}; choose one of {SAMPLERS}")
         if self.trials is not None and self.trials < 1:
             raise FaAutotuneError("--trials must be at least 1")
-        if self.time_budget is not None and self.time_budget <= 0:
-            raise FaAutotuneError("--time-budget must be positive")
+        if self.time_budget is not None and not (math.isfinite(self.time_budget) and self.time_budget > 0):
+            raise FaAutotuneError("--time-budget must be a positive, finite number of seconds")
+        # 0 (or nan) would record every trial as timed out, which later runs then reuse
+        if not (math.isfinite(self.trial_timeout) and self.trial_timeout > 0):
+            raise FaAutotuneError("--trial-timeout must be a positive, finite number of seconds")
+        if self.retime_top < 1:
+            raise FaAutotuneError("--retime-top must be at least 1 (the winner is picked among the re-timed)")
+        if self.seed is not None and self.seed < 0:
+            raise FaAutotuneError("--seed must be non-negative")
         if not 0 <= self.worker[0] < self.worker[1]:
             raise FaAutotuneError(f"worker slot {self.worker[0]}/{self.worker[1]} is not k/n with 0 <= k < n")
 
