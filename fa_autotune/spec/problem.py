@@ -259,24 +259,31 @@ def _check_device(device: "torch.device") -> None:
 def distance(a: Problem, b: Problem) -> float:
     """How far tuned problem ``b`` is from ``a``, for borrowing ``b``'s config.
 
-    Infinite unless dtype, head dim, causal masking (and its alignment), the GQA group and
-    the kind (and, for KV caches, paged or not) match: those change which kernels
-    are valid or how they behave. Otherwise ``|log2(Nq_a/Nq_b)| + |log2(Nk_a/Nk_b)| + 0.5 *
-    |log2(BH_a/BH_b)|`` with BH = batch * heads_q: sequence lengths decide tile shapes and
-    loop trip counts, batch * heads only how many programs fill the GPU, so it weighs half;
-    paged caches add half the page sizes' log ratio. Decode shapes change every step, so a
-    tuned decode problem serves as the bucket of the shapes nearest it.
+    Infinite unless dtype, head dim, causal masking (and its alignment), the kind (and, for KV
+    caches, paged or not) and, for backward and KV-cache problems, the GQA group match: those
+    change which kernels are valid or how they behave (a decode tile packs a KV group's query
+    rows; the backward walks a group's heads per K/V tile). Otherwise ``|log2(Nq_a/Nq_b)| +
+    |log2(Nk_a/Nk_b)| + 0.5 * |log2(BH_a/BH_b)|`` with BH = batch * heads_q: sequence lengths
+    decide tile shapes and loop trip counts, batch * heads only how many programs fill the
+    GPU, so it weighs half; a forward problem's GQA group (any forward kernel reads K/V head
+    h // group, so it only changes how often a K/V tile is re-read from L2) adds half its log
+    ratio plus a quarter (more than a batch twice as large: an entry of the problem's own
+    group at its lengths wins over another group's); paged caches add half the page sizes' log ratio. Decode shapes change
+    every step, so a tuned decode problem serves as the bucket of the shapes nearest it.
     """
-    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.gqa_group, a.kind, a.page_size == 0) != (
-        b.dtype, b.head_dim, b.causal, b.causal_align, b.gqa_group, b.kind, b.page_size == 0
-    ):
+    forward = a.kind == "fwd"
+    if (a.dtype, a.head_dim, a.causal, a.causal_align, a.kind, a.page_size == 0) != (
+        b.dtype, b.head_dim, b.causal, b.causal_align, b.kind, b.page_size == 0
+    ) or (not forward and a.gqa_group != b.gqa_group):
         return math.inf
 
     def log_ratio(x: int, y: int) -> float:
         return abs(math.log2(max(x, 1) / max(y, 1)))
 
+    group = 0.5 * log_ratio(a.gqa_group, b.gqa_group) + 0.25 if a.gqa_group != b.gqa_group else 0.0
     return (log_ratio(a.seqlen_q, b.seqlen_q) + log_ratio(a.seqlen_k, b.seqlen_k)
-            + 0.5 * log_ratio(a.batch * a.heads_q, b.batch * b.heads_q) + 0.5 * log_ratio(a.page_size, b.page_size))
+            + 0.5 * log_ratio(a.batch * a.heads_q, b.batch * b.heads_q) + 0.5 * log_ratio(a.page_size, b.page_size)
+            + group)
 
 
 def nearest(problem: Problem, candidates) -> tuple[Problem, float] | None:

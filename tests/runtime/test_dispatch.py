@@ -93,6 +93,29 @@ def test_nearest_tuned_problem(isolated):
     assert fa_autotune.explain(q, k, v, causal=True)["source"] == "default"  # nor is the other masking
 
 
+def test_gqa_problems_borrow_across_groups_after_their_own(isolated):
+    """A forward GQA problem with no entry of its own group borrows the nearest entry of
+    another group (the kernels read K/V head h // group whatever it is); at the same lengths
+    one of its own group wins, also at another batch size; it runs correctly on the borrowed
+    config. Backward and KV-cache problems borrow only within their group."""
+    from fa_autotune.spec.problem import distance
+
+    mha, gqa = Problem(1, 4, 4, 64, 64, 16, "float16"), Problem(2, 4, 2, 64, 64, 16, "float16")
+    write_file(isolated, [(mha, CFG_A)])
+    q, k, v = make_qkv(1, 4, 1, 64, 64, 16)  # group 4: only the MHA entry to borrow from
+    info = fa_autotune.explain(q, k, v)
+    assert info["matched_problem"] == mha.key and 1 <= info["distance"] < 2
+    assert_close_to_reference(fa_autotune.attention(q, k, v), q, k, v)
+    write_file(isolated, [(mha, CFG_A), (gqa, CFG_B)])
+    dispatch.DISPATCHER.reset()
+    q, k, v = make_qkv(1, 4, 2, 64, 64, 16)  # group 2: its own group's entry, at twice the batch, wins
+    assert fa_autotune.explain(q, k, v)["matched_problem"] == gqa.key
+    for kind in ("bwd", "decode"):
+        a, b = Problem(1, 4, 1, 1, 64, 16, "float16", kind=kind), Problem(1, 4, 4, 1, 64, 16, "float16", kind=kind)
+        assert distance(a, b) == float("inf")
+    assert distance(Problem(1, 4, 1, 64, 64, 16, "float16"), mha) == 0.5 * 2 + 0.25
+
+
 @pytest.mark.parametrize("mangle, message", [
     (lambda t: t[: len(t) // 2], "not valid JSON"),
     (lambda t: "{not json", "not valid JSON"),
