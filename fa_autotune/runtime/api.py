@@ -8,7 +8,6 @@ so graphs compile without breaks.
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import threading
@@ -774,7 +773,7 @@ def _choice_info(problem: Problem, choice: Choice) -> dict[str, Any]:
 @torch.library.custom_op("fa_autotune::attention", mutates_args=())
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
                   causal_align: str, config: str | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    parsed = json.loads(config) if config is not None else None
+    parsed = KernelConfig.from_json(config) if config is not None else None
     if return_lse:
         return _run_once(q, k, v, causal, scale, parsed, causal_align, True)
     out = _run_once(q, k, v, causal, scale, parsed, causal_align, False)

@@ -9,7 +9,6 @@ otherwise only to check them before any kernel runs. The config comes from the d
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import threading
@@ -341,7 +340,7 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= MAX_SPLITS:
         raise InputError(f"num_splits must be 0 (tuned) or 1..{MAX_SPLITS}, got {num_splits!r}")
     if isinstance(config, str):
-        chosen = KernelConfig.from_mapping(json.loads(config))
+        chosen = KernelConfig.from_json(config)
     elif config is not None:
         chosen = KernelConfig.from_mapping(config)
     else:

@@ -147,6 +147,17 @@ class KernelConfig:
         return cls(**dict(mapping))
 
     @classmethod
+    def from_json(cls, text: str) -> "KernelConfig":
+        """Build a config from JSON text (what ``canonical_json`` writes, or a user's string);
+        text that is not JSON raises :class:`ConfigError`, never a JSONDecodeError."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            shown = text if len(text) <= 80 else text[:80] + "…"
+            raise ConfigError("config", f"not valid JSON ({exc.msg} at character {exc.pos}): {shown!r}") from None
+        return cls.from_mapping(data)
+
+    @classmethod
     def from_stored(cls, data: Mapping[str, Any] | str) -> "KernelConfig | None":
         """A config read back from a database or file, or None if this version of
         fa_autotune no longer accepts it (rules tighten when Triton bugs are found)."""

@@ -290,6 +290,14 @@ def test_forward_config_and_grad_are_refused(device):
         fa_autotune.attention_with_kvcache(**args)
 
 
+@pytest.mark.parametrize("text, message", [("{", "not valid JSON"), ("[1]", "mapping"), ('{"BLOCK_Q": 1}', "BLOCK_Q")])
+def test_config_text_that_is_not_a_config_is_a_config_error(device, text, message):
+    """config= as JSON text (what torch.compile's custom op takes): text that is not JSON, or
+    not a mapping of template parameters, is a ConfigError naming what is wrong."""
+    with pytest.raises(ConfigError, match=message):
+        fa_autotune.attention_with_kvcache(**_bad_call(device, config=text))
+
+
 def test_decode_config_validation():
     with pytest.raises(ConfigError, match="pointers or TMA"):
         fa_autotune.KernelConfig(loop_order="decode", access="block_ptr")
