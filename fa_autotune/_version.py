@@ -1,2 +1,2 @@
 """The version of fa_autotune (one place: pyproject reads it, results record it)."""
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -391,7 +391,7 @@ def write(rows: list[Row], providers: tuple[str, ...], ceiling: float, out_dir: 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / "bench.md").write_text(markdown(summary, providers))
-    _plot(rows, providers, out_dir / "bench.png")
+    plot(rows, providers, out_dir / "bench.png")
     return summary
 
 
@@ -523,7 +523,7 @@ def _rounds_note(rounds: int) -> str:
             "is the median of its rounds, the ratio the median of the rounds' ratios.")
 
 
-def _plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:
+def plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:
     try:
         import matplotlib
     except ImportError:
