@@ -33,7 +33,7 @@ from .tiles import tile_starts
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
 FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE",
-         "TAIL_ROWS", "TAIL_HEADS", "QK_REST")
+         "TAIL_ROWS", "TAIL_HEADS", "D_REST")
 # Per-call tensors of each kernel, in the order its parameters list them.
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
@@ -150,7 +150,7 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
     flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": is_causal,
              "EVEN_N": n_k % config.BLOCK_N == 0, "WRITE_LSE": lse is not None,
-             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "QK_REST": qk_rest(head_dim, head_dim_pad)}
+             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "D_REST": d_rest(head_dim, head_dim_pad)}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.maxnreg:
         options["maxnreg"] = config.maxnreg
@@ -159,12 +159,13 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return Prepared(launches, calls, config.access == "tensor_desc")
 
 
-def qk_rest(head_dim: int, head_dim_pad: int) -> int:
-    """The Gluon forward's Q K^T over a padded head dim: the width of a second product over
-    columns head_dim_pad / 2 onwards that covers the real ones (a power of two, at least one
-    16-wide k-step), where that reads fewer columns than one product over head_dim_pad; else 0.
-    Only for pads of 128 and more, so that both slices start on a 128-byte swizzle row (D=96:
-    64 + 32, D=192: 128 + 64, D=160: 128 + 32)."""
+def d_rest(head_dim: int, head_dim_pad: int) -> int:
+    """The Gluon forward's split of a padded head dim: the width of a second part from column
+    head_dim_pad / 2 on that covers the real columns (a power of two, at least one 16-wide
+    k-step), where the two parts hold fewer columns than head_dim_pad; else 0 (one part). Q K^T
+    then runs as two products and O accumulates in two parts, so the zero columns are never
+    multiplied. Only for pads of 128 and more, so that both parts start on a 128-byte swizzle
+    row (D=80: 64 + 16, D=96: 64 + 32, D=160: 128 + 32, D=192: 128 + 64)."""
     half = head_dim_pad // 2
     if head_dim_pad < 128 or head_dim <= half:
         return 0
@@ -768,7 +769,7 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
                                                        q.element_size()),
                "TOTAL_Q": q.shape[0], "stride_on": out.stride(0), "stride_oh": out.stride(1), "qk_scale": scale * LOG2E}
     flags = {"HEAD_DIM": q.shape[2], "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None,
-             "TAIL_HEADS": varlen_tail_heads(config, group), "QK_REST": qk_rest(q.shape[2], head_dim_pad)}
+             "TAIL_HEADS": varlen_tail_heads(config, group), "D_REST": d_rest(q.shape[2], head_dim_pad)}
     launch = Launch(kernel, grid, _GLUON_VARLEN + (("TileCounter",) if config.dynamic else ()), scalars, flags,
                     {"num_warps": config.num_warps})
     return launch, _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,

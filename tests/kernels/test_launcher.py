@@ -135,16 +135,16 @@ def test_a_configs_section_overrides_the_l2_rule():
     assert section(varlen.launch) == 4
 
 
-def test_qk_rest_covers_the_real_columns_from_a_swizzle_row():
+def test_d_rest_covers_the_real_columns_from_a_swizzle_row():
     """The Gluon forward's second Q K^T product: from column pad / 2, a power of two of at least
     16 columns that covers the head dim, only where it reads fewer columns than the pad and
     only for pads of 128 and more (slices on a 128-byte row)."""
-    from fa_autotune.kernels.launcher import qk_rest
+    from fa_autotune.kernels.launcher import d_rest
 
     cases = {64: 0, 80: 16, 96: 32, 112: 0, 128: 0, 136: 16, 160: 32, 176: 64, 192: 64, 200: 0, 256: 0}
     for head_dim, rest in cases.items():
         pad = max(16, triton.next_power_of_2(head_dim))
-        assert qk_rest(head_dim, pad) == rest, head_dim
+        assert d_rest(head_dim, pad) == rest, head_dim
         if rest:
             assert pad // 2 + rest >= head_dim and pad // 2 + rest < pad and rest & (rest - 1) == 0
-    assert qk_rest(48, 64) == 0 and qk_rest(24, 32) == 0
+    assert d_rest(48, 64) == 0 and d_rest(24, 32) == 0
