@@ -157,14 +157,15 @@ def test_wide_head_dims(knob, shape, dtype):
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
 
 
-def test_wide_head_dims_varlen():
-    """Packed sequences at D=256 (the varlen kernel stages O in its Q buffer too; ragged last
-    tiles store with a row mask)."""
+@pytest.mark.parametrize("d", [192, 256])
+def test_wide_head_dims_varlen(d):
+    """Packed sequences at D=192 and 256 (the varlen kernel stages O in its Q buffer too; ragged
+    last tiles store with a row mask, at D=192 both accumulator parts)."""
     from fa_autotune import attention_varlen
 
     lengths = [1, 300, 777, 64, 1500]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
-    total, h, hk, d = int(cu[-1]), 8, 2, 256
+    total, h, hk = int(cu[-1]), 8, 2
     q, k, v = (torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16) for n in (h, hk, hk))
     for causal in (False, True):
         out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
