@@ -148,3 +148,12 @@ def test_d_rest_covers_the_real_columns_from_a_swizzle_row():
         if rest:
             assert pad // 2 + rest >= head_dim and pad // 2 + rest < pad and rest & (rest - 1) == 0
     assert d_rest(48, 64) == 0 and d_rest(24, 32) == 0
+
+
+def test_varlen_keeps_one_accumulator_part():
+    """The varlen kernel splits Q K^T as the dense one does but keeps O in one part (its
+    two-part ragged store is not yet GPU-tested): D=192 runs padded there."""
+    from fa_autotune.kernels.launcher import d_rest, varlen_d_rest
+
+    assert varlen_d_rest(96, 128) == d_rest(96, 128) == 32 and varlen_d_rest(80, 128) == 16
+    assert d_rest(192, 256) == 64 and varlen_d_rest(192, 256) == 0 and varlen_d_rest(256, 256) == 0
