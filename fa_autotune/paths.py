@@ -12,10 +12,13 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+import platformdirs
+
 from .errors import FaAutotuneError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 DATA_FOLDERS = ("templates", "search_spaces", "tuning_db")
+APP = "fa_autotune"  # the per-user cache dir's name
 
 
 @lru_cache(maxsize=None)
@@ -42,9 +45,14 @@ def template_hash() -> str:
 
 
 def cache_root() -> Path:
-    """User cache dir for fa_autotune (XDG convention; ``~/.cache/fa_autotune``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fa_autotune"
+    """The per-user cache dir of fa_autotune: ``$XDG_CACHE_HOME/fa_autotune`` where that is
+    set, on any platform (tests and CI isolate their state so), else the platform's user cache
+    dir (platformdirs: ``~/.cache/fa_autotune`` on Linux, as before; ``~/Library/Caches`` on
+    macOS, ``%LOCALAPPDATA%`` on Windows)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / APP
+    return platformdirs.user_cache_path(APP, appauthor=False)
 
 
 def kernel_cache_dir() -> Path:

@@ -3,17 +3,19 @@
 Triton fixes interpreted or compiled mode when it is imported (its own library functions
 are built then), so each child chooses its mode here before anything imports Triton. This
 module imports neither Triton nor PyTorch; the work a child does is imported only after the
-mode is set.
+mode is set, and by name (``"package.module:function"``, given by the caller), so this module
+depends on nothing of the package's and no import circle runs through it.
 """
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -80,16 +82,26 @@ def compiler_init(parent: int | None = None) -> None:
     os.dup2(devnull, 2)
 
 
-def device_server(conn, interpret: bool, parent: int | None = None) -> None:
-    """The device worker's loop: run each job received on ``conn`` (correctness gate, then
-    timing) and send back its result, until None or a closed pipe."""
+def resolve(name: str) -> Callable[..., Any]:
+    """The function ``"package.module:function"`` names, importing its module now: a child
+    resolves its work only after choosing Triton's mode."""
+    module, _, attribute = name.partition(":")
+    if not module or not attribute:
+        raise ValueError(f"{name!r} is not 'package.module:function'")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def device_server(conn, interpret: bool, parent: int | None, work: str) -> None:
+    """The device worker's loop: run each job received on ``conn`` with ``work(job, device)``
+    (named ``"package.module:function"``, resolved once Triton's mode is set) and send back
+    its result, until None or a closed pipe."""
     if parent is not None:
         _child_of(parent)
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
         os.environ.pop("TRITON_INTERPRET", None)
-    from .tune.worker import execute  # only now: it imports Triton
+    execute = resolve(work)  # only now: it imports Triton
 
     device = "cpu" if interpret else "cuda"
     while True:

@@ -28,7 +28,7 @@ def assert_close_to_reference(out, q, k, v, causal=False, scale=None, causal_ali
         assert torch.allclose(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
 
 
-def hanging_server(conn, interpret, parent=None):
+def hanging_server(conn, interpret, parent=None, work=None):
     """A device worker that never answers (a hung kernel)."""
     import time
 
@@ -36,12 +36,19 @@ def hanging_server(conn, interpret, parent=None):
     time.sleep(3600)
 
 
-def crashing_server(conn, interpret, parent=None):
+def crashing_server(conn, interpret, parent=None, work=None):
     """A device worker that dies mid-job (a fault that kills the process)."""
     import os
 
     conn.recv()
     os._exit(3)
+
+
+def mode_probe(job, device):
+    """Device work that reports the Triton mode its child process chose before importing it."""
+    import os
+
+    return {"status": "ok", "device": device, "interpret": os.environ.get("TRITON_INTERPRET")}
 
 
 def shared_once(tmp_path_factory, name: str, produce):

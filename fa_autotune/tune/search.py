@@ -4,7 +4,9 @@ One trial: the space proposes a config (Optuna sampler) -> constraints -> the da
 answers configs it already measured on this problem, GPU and software -> compile for the
 target in a process pool (statically impossible configs stop here) -> correctness gate and
 timing in a restartable child process -> one measurement row. Failures are statuses;
-Optuna sees them as pruned trials so samplers learn to avoid them.
+Optuna sees them as pruned trials so samplers learn to avoid them. What runs sharing the
+database do about each other (trial owners, claims, problem marks, a killed run's trials)
+live in :mod:`.leases`.
 """
 from __future__ import annotations
 
@@ -13,14 +15,11 @@ import json
 import math
 import multiprocessing
 import os
-import socket
 import statistics
 import time
-import uuid
 import warnings
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,9 +36,11 @@ from ..spec.space import SearchSpace
 from ..spec.target import GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Winner
 from ..store import Database
-from ..store.records import Ids, claim, identities, record, release, reusable
+from ..store.records import Ids, identities, record, reusable
 from ..store.tuned import save_front, save_winner, tuned_problems
+from . import leases
 from .compile import compile_for_tuning
+from .leases import OWNER, closed_elsewhere, utcnow
 from .worker import DeviceWorker, Job
 
 SAMPLERS = ("tpe", "grid", "random")
@@ -223,37 +224,29 @@ class Tuner:
 
     @property
     def _grace_s(self) -> float:
-        """How long another host's trial, claim or problem mark counts as live: past any
-        trial's timeout, twice, with room for compiling."""
-        return 2 * self.options.trial_timeout + 600
+        return leases.grace_s(self.options.trial_timeout)
+
+    @property
+    def _claims(self) -> leases.Claims:
+        """This run's claims on configs in its database (who measures what, between runs)."""
+        return leases.Claims(self.db, self.options.trial_timeout)
 
     def _release_mark_of(self, problem: Problem) -> None:
         try:
-            _release_mark(optuna.load_study(study_name=study_name(self.options.study, self.gpu, self.space, problem),
-                                            storage=self.db.optuna_storage(), sampler=self._sampler()))
+            name = study_name(self.options.study, self.gpu, self.space, problem)
+            leases.release_mark(optuna.load_study(study_name=name, storage=self.db.optuna_storage(),
+                                                  sampler=self._sampler()))
         except Exception:  # no study yet, or the database is what failed: nothing to release
             pass
 
     def _next_problem(self, remaining: list[tuple[int, Problem]], total: int) -> int:
-        """Which of ``remaining`` (index, problem) to tune next. Runs sharing the database
-        spread out: a problem another live run is tuning comes after those nobody is on (its
-        study is shared, so joining it later only helps finish it); worker k of n starts at
-        the k-th n-th of the list. Only an order: every problem is visited."""
+        """Which of ``remaining`` (index, problem) to tune next: those no other live run is
+        on first, worker k of n from the k-th n-th of the list (:func:`.leases.next_problem`)."""
         if len(remaining) == 1:
             return 0
-        try:
-            marks = {s.study_name: s.user_attrs.get("worker") for s in self.db.optuna_storage().get_all_studies()}
-        except Exception:  # a busy database must not stop the run: keep the list's order
-            marks = {}
-        now = dt.datetime.now()
-        start = self.options.worker[0] * total // self.options.worker[1]
-
-        def rank(item: tuple[int, tuple[int, Problem]]) -> tuple[bool, int]:
-            index, problem = item[1]
-            mark = marks.get(study_name(self.options.study, self.gpu, self.space, problem))
-            return (_held_elsewhere(mark, now, self._grace_s), (index - start) % total)
-
-        return min(enumerate(remaining), key=rank)[0]
+        names = [study_name(self.options.study, self.gpu, self.space, problem) for _, problem in remaining]
+        return leases.next_problem(self.db.optuna_storage(), names, [index for index, _ in remaining], total,
+                                   self.options.worker, self._grace_s)
 
     # ------------------------------------------------------------------ one problem
     def _tune_problem(self, index: int, problem: Problem, pool: ProcessPoolExecutor, worker: DeviceWorker,
@@ -266,10 +259,8 @@ class Tuner:
         objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
         study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
                                     load_if_exists=True, **objectives)
-        _fail_stale_trials(study, grace_s=self._grace_s)
-        mark = study.user_attrs.get("worker")
-        if not _held_elsewhere(mark, dt.datetime.now(), self._grace_s):
-            study.set_user_attr("worker", {"owner": _OWNER, "since": dt.datetime.now().isoformat()})
+        leases.fail_stale_trials(study, grace_s=self._grace_s)
+        leases.mark(study, self._grace_s)
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
             study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
@@ -316,7 +307,7 @@ class Tuner:
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
-        _release_mark(study)
+        leases.release_mark(study)
         self.reporter.problem_finished(outcome)
         return outcome
 
@@ -354,35 +345,35 @@ class Tuner:
         pending: list[_Pending] = []
         for _ in range(size):
             trial = study.ask()
-            trial.set_user_attr("owner", _OWNER)  # whose trial: another run must not fail it
+            trial.set_user_attr("owner", OWNER)  # whose trial: another run must not fail it
             config = self._propose(trial, problem, ids, study, outcome)
             if config is None:
                 continue
             if config in in_flight or any(config == p.config for p in pending):
-                pending.append(_Pending(trial, config, None, _utcnow()))
+                pending.append(_Pending(trial, config, None, utcnow()))
                 continue
             previous = reusable(self.db, ids, config)
             if previous is not None:
                 self._reuse(study, trial, config, previous, outcome)
                 continue
-            if not self._claim(ids, config):  # another live worker is measuring it: wait for its row
-                pending.append(_Pending(trial, config, None, _utcnow()))
+            if not self._claims.claim(ids, config):  # another live worker is measuring it: wait for its row
+                pending.append(_Pending(trial, config, None, utcnow()))
                 continue
             future = pool.submit(compile_for_tuning, config, problem, self.target_capability)
-            pending.append(_Pending(trial, config, future, _utcnow()))
+            pending.append(_Pending(trial, config, future, utcnow()))
         return pending
 
     def _complete(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, worker: DeviceWorker,
                   pending: list["_Pending"], outcome: ProblemOutcome) -> None:
         for item in pending:
             if item.future is None:  # a repeat, here or in another worker: answered by its first copy
-                previous = self._await_elsewhere(ids, item.config)
+                previous = self._claims.await_elsewhere(ids, item.config)
                 if previous is not None:
                     self._reuse(study, item.trial, item.config, previous, outcome)
                     continue
                 item = _Pending(item.trial, item.config,
                                 pool.submit(compile_for_tuning, item.config, problem, self.target_capability),
-                                _utcnow())
+                                utcnow())
             self._measure(study, item.trial, ids, problem, item.config, _compile_result(item.future, item.config),
                           worker, item.started, outcome)
 
@@ -396,25 +387,6 @@ class Tuner:
         self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
                      compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
 
-    def _claim(self, ids: Ids, config: KernelConfig) -> bool:
-        """Claim measuring ``config`` in the database; False while another live run holds it."""
-        grace = self._grace_s
-
-        def gone(holder: str, claimed_at: dt.datetime | None) -> bool:
-            return _owner_gone(holder, claimed_at, _utcnow().replace(tzinfo=None), grace)
-
-        return claim(self.db, ids, config, _OWNER, gone) == _OWNER
-
-    def _await_elsewhere(self, ids: Ids, config: KernelConfig):
-        """The stored measurement of ``config``, waiting while another live run measures it
-        (up to twice the trial timeout); None when it is this run's to measure (claimed)."""
-        deadline = time.monotonic() + 2 * self.options.trial_timeout + 60
-        while True:
-            previous = reusable(self.db, ids, config)
-            if previous is not None or self._claim(ids, config) or time.monotonic() > deadline:
-                return previous
-            time.sleep(0.5)
-
     def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> KernelConfig | None:
         """The trial's config, or None after recording it as ``invalid_config``."""
         params = self.space.suggest(lambda name, choices: trial.suggest_categorical(name, list(choices)), problem)
@@ -422,11 +394,11 @@ class Tuner:
         try:
             config = KernelConfig.from_mapping(params)
         except ConfigError as exc:  # not even a config: nothing to store but the trial
-            self._finish(study, trial, ids, None, "invalid_config", outcome, _utcnow(), message=str(exc))
+            self._finish(study, trial, ids, None, "invalid_config", outcome, utcnow(), message=str(exc))
             return None
         broken = self.space.violated(params, problem)
         if broken is not None:
-            self._finish(study, trial, ids, config, "invalid_config", outcome, _utcnow(),
+            self._finish(study, trial, ids, config, "invalid_config", outcome, utcnow(),
                          message=f"constraint {broken.text!r} ({broken.where})")
             return None
         return config
@@ -434,7 +406,7 @@ class Tuner:
     def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
         outcome.reused += 1
         if previous is not None and previous.status == "ok":
-            with _closed_elsewhere(trial):
+            with closed_elsewhere(trial):
                 trial.set_user_attr("status", "ok")
                 trial.set_user_attr("reused", True)
                 study.tell(trial, _objectives(study, previous.median_ms, previous.rel_error))
@@ -442,7 +414,7 @@ class Tuner:
             self._note_best(outcome, config, previous.median_ms)
         else:
             status = previous.status
-            with _closed_elsewhere(trial):
+            with closed_elsewhere(trial):
                 trial.set_user_attr("status", status)
                 trial.set_user_attr("reused", True)
                 _tell_failed(study, trial)
@@ -454,12 +426,12 @@ class Tuner:
         """Record the measurement, then tell Optuna; the row is written first so a kill
         between the two loses nothing that was measured."""
         if config is not None:
-            record(self.db, ids, config, status, started_at=started, finished_at=_utcnow(), study_name=study.study_name,
+            record(self.db, ids, config, status, started_at=started, finished_at=utcnow(), study_name=study.study_name,
                    trial_number=trial.number, **fields)
-            release(self.db, ids, config, _OWNER)
+            self._claims.release(ids, config)
         outcome.new_trials += 1
         outcome.statuses[status] += 1
-        with _closed_elsewhere(trial):
+        with closed_elsewhere(trial):
             trial.set_user_attr("status", status)
             if config is None:
                 trial.set_user_attr("message", fields.get("message", "")[:500])
@@ -666,85 +638,6 @@ def settled(storage, names: list[str]) -> dict[str, int]:
     return out
 
 
-_OWNER = f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}:{os.getpid()}"
-# Trials of a run on another host (whose process this one cannot see) count as abandoned only
-# after this long: wall clocks and time zones differ between machines.
-_REMOTE_GRACE_S = 6 * 3600
-
-
-@contextmanager
-def _closed_elsewhere(trial):
-    """Settling a trial that another run has meanwhile closed (it judged this run gone) must
-    not end this run: the measurement is already in the database."""
-    try:
-        yield
-    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, RuntimeError) as exc:
-        if "finished" not in str(exc).lower() and "cannot tell" not in str(exc).lower():
-            raise
-        warnings.warn(f"trial {trial.number} was closed by another tune; its measurement is stored", RuntimeWarning)
-
-
-def _fail_stale_trials(study, grace_s: float) -> None:
-    """Trials left RUNNING by a killed tune are lost in flight: close them as failed. Only
-    those whose run is gone: its process on this host no longer exists, or, run elsewhere,
-    it started more than ``grace_s`` ago; a live run's trials (another tune of the same
-    problem, here or on another machine) are left to it."""
-    now = dt.datetime.now()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        owner = trial.user_attrs.get("owner")
-        if owner is None:
-            # Between ask() and the owner's mark another run sees a RUNNING trial without
-            # one: a live run's, unless it has stayed so past the grace.
-            started = trial.datetime_start
-            if started is not None and (now - started).total_seconds() <= grace_s:
-                continue
-        elif not _owner_gone(owner, trial.datetime_start, now, grace_s):
-            continue
-        try:
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-        except Exception:  # its owner finished it in the meantime
-            pass
-
-
-def _release_mark(study) -> None:
-    """Clear the study's ``worker`` mark if this run set it."""
-    mark = study.user_attrs.get("worker")
-    if isinstance(mark, dict) and mark.get("owner") == _OWNER:
-        study.set_user_attr("worker", None)
-
-
-def _held_elsewhere(mark: Any, now: dt.datetime, grace_s: float) -> bool:
-    """Whether a study's ``worker`` mark ({"owner", "since"}) names another run still alive."""
-    if not isinstance(mark, dict) or not isinstance(mark.get("owner"), str) or mark["owner"] == _OWNER:
-        return False
-    try:
-        since = dt.datetime.fromisoformat(mark.get("since", ""))
-    except (TypeError, ValueError):
-        since = None
-    if since is not None and since.tzinfo is not None:  # not written by this code: unknown age
-        since = None
-    return not _owner_gone(mark["owner"], since, now, grace_s)
-
-
-def _owner_gone(owner: str, started: dt.datetime | None, now: dt.datetime, grace_s: float) -> bool:
-    """Whether the run that owns a RUNNING trial ("host:run-id:pid") is gone: on this host, its
-    process no longer exists; elsewhere, the trial is older than ``grace_s`` (at least
-    _REMOTE_GRACE_S)."""
-    if owner == _OWNER:
-        return False
-    host, _, pid = owner.rpartition(":")
-    host = host.split(":")[0]
-    if host == socket.gethostname() and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, another user's
-            return False
-        return False
-    return started is None or (now - started).total_seconds() > max(grace_s, _REMOTE_GRACE_S)
-
-
 def _objectives(study, ms: float, rel_error: float | None) -> float | list[float]:
     """What Optuna is told for a passing trial: its time, and for FP8 studies its error."""
     if len(study.directions) == 1:
@@ -760,7 +653,3 @@ def _tell_failed(study, trial) -> None:
         study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, state=TrialState.FAIL)
-
-
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)

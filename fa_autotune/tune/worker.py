@@ -11,7 +11,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError, KernelCompileError, KernelResourceError
 from ..processes import device_server
@@ -70,12 +70,17 @@ def execute(job: Job, device: str) -> dict[str, Any]:
         return {"status": _classify(exc), "message": message[:2000], "seconds": time.perf_counter() - start}
 
 
+# What the device worker runs, by name: the child imports it only after choosing Triton's mode.
+WORK = f"{__name__}:{execute.__name__}"
+
+
 class DeviceWorker:
     """One child process that runs jobs in order; restarted after a timeout or crash."""
 
-    def __init__(self, interpret: bool, server=None) -> None:
+    def __init__(self, interpret: bool, server: Callable[..., None] | None = None, work: str = WORK) -> None:
         self.interpret = interpret
         self._server = server or device_server  # tests substitute a misbehaving one
+        self._work = work  # "package.module:function", called as work(job, device)
         self._context = multiprocessing.get_context("spawn")
         self._process = None
         self._conn = None
@@ -83,8 +88,8 @@ class DeviceWorker:
 
     def _start(self) -> None:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=self._server, args=(child, self.interpret, os.getpid()),
-                                             daemon=True)
+        self._process = self._context.Process(target=self._server,
+                                             args=(child, self.interpret, os.getpid(), self._work), daemon=True)
         self._process.start()
         child.close()
         self._conn = parent

@@ -129,6 +129,32 @@ def test_version_1_database_gains_the_pareto_table(db):
         assert conn.execute(text("SELECT count(*) FROM fa_measurements")).scalar() == 1
 
 
+def test_version_2_database_gains_the_kv_cache_columns_keeping_every_row(db):
+    """A database as schema 2 left it (before KV-cache and backward problems: no kind or
+    page size), built here by the current code: a reader refuses it untouched, a writer
+    upgrades it in place, every problem a forward one, no row lost."""
+    ids = identities(db, PROBLEM, GPU, SW)
+    record(db, ids, KernelConfig(), "ok", median_ms=2.0)
+    record(db, ids, KernelConfig(BLOCK_M=32), "timeout", message="hung")
+    save_winner(db, ids, Winner(PROBLEM, KernelConfig(), 2.0, 1.0, 1e-3, GPU, SW, study_name="s"))
+    tables = ("fa_problems", "fa_configs", "fa_measurements", "fa_best")
+    with db.engine.begin() as conn:
+        before = {t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar() for t in tables}
+        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN kind"))
+        conn.execute(text("ALTER TABLE fa_problems DROP COLUMN page_size"))
+        conn.execute(text("DELETE FROM fa_schema_version"))
+        conn.execute(models.SchemaVersionModel.__table__.insert().values(version=2))
+    db.dispose()
+    with pytest.raises(DatabaseError, match="predates"):
+        connect(db.url, readonly=True)
+    with connect(db.url).engine.connect() as conn:  # the writer's upgrade
+        assert {t: conn.execute(text(f"SELECT COUNT(*) FROM {t}")).scalar() for t in tables} == before
+        assert conn.execute(text("SELECT kind, page_size FROM fa_problems")).all() == [("fwd", 0)]
+    upgraded = connect(db.url, readonly=True)
+    assert schema_version(upgraded) == models.SCHEMA_VERSION
+    assert [r.problem for r in best(upgraded)] == [PROBLEM]
+
+
 def test_a_row_inserted_by_another_run_meanwhile_is_absorbed(db):
     """Two tunes sharing a database: another run inserts the same problem (or config, GPU,
     software, winner) between our look and our insert. The insert yields to it instead of

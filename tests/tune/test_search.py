@@ -127,7 +127,7 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
     import optuna
     from optuna.trial import TrialState
 
-    from fa_autotune.tune import search
+    from fa_autotune.tune import leases
 
     storage = connect(f"sqlite:///{tmp_path / 'db.sqlite'}").optuna_storage()
     study = optuna.create_study(study_name="s", storage=storage)
@@ -135,7 +135,7 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     host = socket.gethostname()
-    owners = {"live": f"{host}:{sleeper.pid}", "dead": f"{host}:{dead.pid}", "mine": search._OWNER,
+    owners = {"live": f"{host}:{sleeper.pid}", "dead": f"{host}:{dead.pid}", "mine": leases.OWNER,
               "remote-recent": "elsewhere:1", "unmarked-new": None}
     trials = {}
     for name, owner in owners.items():
@@ -151,15 +151,15 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
         intermediate_values={}, trial_id=0))
     trials["unmarked-old"] = study.trials[-1]._trial_id
     try:
-        search._fail_stale_trials(study, grace_s=3600)
+        leases.fail_stale_trials(study, grace_s=3600)
         state = {name: storage.get_trial(tid).state for name, tid in trials.items()}
     finally:
         sleeper.kill()
     assert state["live"] == state["mine"] == state["remote-recent"] == state["unmarked-new"] == TrialState.RUNNING
     assert state["dead"] == state["unmarked-old"] == TrialState.FAIL
     now = dt.datetime.now()  # another host's trial: gone once older than the grace period
-    assert search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=7), now, grace_s=3600)
-    assert not search._owner_gone("elsewhere:run:2", now - dt.timedelta(hours=2), now, grace_s=3600)
+    assert leases.owner_gone("elsewhere:run:2", now - dt.timedelta(hours=7), now, grace_s=3600)
+    assert not leases.owner_gone("elsewhere:run:2", now - dt.timedelta(hours=2), now, grace_s=3600)
 
 
 def test_progress_lines_when_not_on_a_terminal():
@@ -188,18 +188,18 @@ def test_a_trial_closed_by_another_run_does_not_end_this_one(tmp_path):
     import optuna
     from optuna.trial import TrialState
 
-    from fa_autotune.tune import search
+    from fa_autotune.tune import leases
 
     storage = connect(f"sqlite:///{tmp_path / 'db.sqlite'}").optuna_storage()
     study = optuna.create_study(study_name="s", storage=storage)
     trial = study.ask()
     storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     with pytest.warns(RuntimeWarning, match="closed by another tune"):
-        with search._closed_elsewhere(trial):
+        with leases.closed_elsewhere(trial):
             trial.set_user_attr("status", "ok")
             study.tell(trial, 1.0)
     with pytest.raises(ZeroDivisionError):  # anything else still propagates
-        with search._closed_elsewhere(trial):
+        with leases.closed_elsewhere(trial):
             1 / 0
 
 
@@ -323,3 +323,38 @@ def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
                    for c in warm_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
     lazy = incumbent.with_(rescale_threshold=8)  # lazy rescaling flipped both ways
     assert lazy.with_(rescale_threshold=0) in warm_starts(causal, hopper, [(causal, lazy)])
+
+
+def test_a_runs_claims_wait_for_a_live_holder_and_take_over_from_a_dead_one(tmp_path):
+    """leases.Claims, as the tuner uses it: a config a live process on this host claimed is
+    not this run's to measure; once that process is gone, or after it released the claim,
+    it is; this run's own claim holds against the others."""
+    import socket
+    import subprocess
+    import sys
+
+    from fa_autotune.spec.target import GpuInfo, SoftwareInfo
+    from fa_autotune.store.records import claim, release
+    from fa_autotune.tune import leases
+
+    db = connect(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    ids = identities(db, PROBLEM, GpuInfo("NVIDIA Test GPU", "9.0", 132, 143000, "580"),
+                     SoftwareInfo("3.6.0", "2.11.0", "13.0", "0.1.0", "abc"))
+    config, other = KernelConfig(BLOCK_M=16), KernelConfig(BLOCK_M=32)
+    claims = leases.Claims(db, trial_timeout=1.0)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+    try:
+        live = f"{host}:run:{sleeper.pid}"
+        assert claim(db, ids, config, live, lambda *_: False) == live
+        assert not claims.claim(ids, config)  # held by a live run
+        release(db, ids, config, live)
+        assert claims.claim(ids, config)  # released: this run's now
+        assert claims.claim(ids, config) and claim(db, ids, config, live, lambda *_: False) == leases.OWNER
+        assert claim(db, ids, other, live, lambda *_: False) == live
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert claims.claim(ids, other)  # its holder is gone: taken over
+    claims.release(ids, other)
+    assert claim(db, ids, other, live, lambda *_: False) == live

@@ -51,3 +51,24 @@ def test_a_trial_builds_its_inputs_once(monkeypatch):
     result = worker.execute(JOB, "cpu")
     assert result["status"] == "ok" and result["rel_error"] < 1e-2
     assert len(built) == 1 and timed == built
+
+
+def test_the_child_resolves_its_work_by_name_after_choosing_the_mode(monkeypatch):
+    """The device child imports the work it is named only once Triton's mode is set: the
+    interpreter's variable is there (and gone for a GPU worker, whatever the parent has)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for interpret, device, mode in ((True, "cpu", "1"), (False, "cuda", None)):
+        with DeviceWorker(interpret=interpret, work="helpers:mode_probe") as worker:
+            result = worker.run(JOB, timeout=120)
+        assert result == {"status": "ok", "device": device, "interpret": mode}, result
+
+
+def test_work_names_are_module_and_function():
+    import pytest
+
+    from fa_autotune.processes import resolve
+    from fa_autotune.tune import worker
+
+    assert worker.WORK == "fa_autotune.tune.worker:execute" and resolve(worker.WORK) is worker.execute
+    with pytest.raises(ValueError, match="package.module:function"):
+        resolve("fa_autotune.tune.worker.execute")
