@@ -67,7 +67,7 @@ def gluon_grid() -> list[dict]:
 
 def gluon_atomic_grid() -> list[dict]:
     """The Gluon pass with dQ added up inside it, against the best Gluon pass with a dQ pass
-    (2026-12-01-h200-bwd-sweep-gluon.md) and the Triton default."""
+    (benchmarks/results/2026-12-01-h200-bwd-sweep-gluon/results.md) and the Triton default."""
     return ([dict(GLUON, num_stages=s, consumers=c, dq_atomic=True) for s, c in itertools.product((2, 3), (2, 1))]
             + [dict(GLUON, num_stages=2, consumers=2, **DQ), dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, **DQ),
                dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **DQ)])

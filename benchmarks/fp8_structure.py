@@ -9,7 +9,7 @@ the K/V loop, both or neither warp-specialized (the rendered module's loops edit
 one-program-per-tile warp-specialized kernel and fp16 `attention`.
 causal-ws: lifts the check that refuses warp specialization on causal problems and reports
 what Triton 3.6 then does (errors over three runs, or the failure).
-Both print one line per kernel and write the rows as JSON; `2026-11-30-h200-fp8-structure.md`
+Both print one line per kernel and write the rows as JSON; `benchmarks/results/2026-11-30-h200-fp8-structure/results.md`
 holds their output.
 """
 from __future__ import annotations

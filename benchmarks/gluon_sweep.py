@@ -32,7 +32,7 @@ G = dict(language="gluon", access="tensor_desc", num_warps=4)
 D64_PLAIN = dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, one_loop=True)
 D64_DYN = dict(D64_PLAIN, dynamic=True, section=16, exp2_emu=16)
 VARIANT_SETS = {
-    # 2026-12-01-h200-gluon-sweep.md: the schedule knobs
+    # benchmarks/results/2026-12-01-h200-gluon-sweep/results.md: the schedule knobs
     "schedule": {
         "m64x2 n128 s2": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2),
         "m64x2 n128 s2 plain": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False),
@@ -51,7 +51,7 @@ VARIANT_SETS = {
         "m64x2 n128 s2 plain pers 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False,
                                                 persistent=1, one_loop=True),
     },
-    # 2026-12-01-h200-gluon-sweep-consumers.md: two consumer warpgroups against three
+    # benchmarks/results/2026-12-01-h200-gluon-sweep/consumers.md: two consumer warpgroups against three
     "consumers": {
         "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
         "m64x2 n128 s2 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, persistent=1),

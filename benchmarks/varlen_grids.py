@@ -5,7 +5,7 @@ L2 sections of 8 heads, what dense dynamic grids use); varlen_bench's three leng
 causal and not (bf16, 32/8 heads, D 128, lengths unchecked). Each kernel's output is checked
 against float32 attention (per sequence) before it is timed; a row prints the median of
 three rounds' medians, in TFLOPS. One timing per grid in turn varied by 5-10% between
-neighbours (benchmarks/results/2026-12-02-h200-varlen-grids.md): hence the rounds.
+neighbours (benchmarks/results/2026-12-02-h200-varlen-grids/results.md): hence the rounds.
 
 Usage: python3 benchmarks/varlen_grids.py
 """
