@@ -9,15 +9,18 @@ Prints one line per problem (D=128, hidden 2048, B*N = 16384).
 """
 from __future__ import annotations
 
+import argparse
 import statistics
-
-import fa_autotune
-from fa_autotune.tune.inputs import random_inputs
-from fa_autotune.tune.measure import time_callable
-from fa_autotune.spec.problem import Problem
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__).parse_args()
+    import fa_autotune
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.tune.inputs import random_inputs
+    from fa_autotune.tune.measure import time_callable
+
     for n in (4096, 16384):
         for causal in (False, True):
             p = Problem(16384 // n, 16, 16, n, n, 128, "float16", causal=causal)

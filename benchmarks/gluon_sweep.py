@@ -12,27 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fa_autotune.bench import Bench, Unavailable, _prepared  # noqa: E402
-from fa_autotune.kernels import launcher  # noqa: E402
-from fa_autotune.spec.config import KernelConfig  # noqa: E402
-from fa_autotune.spec.problem import Problem  # noqa: E402
-from fa_autotune.spec.target import environment  # noqa: E402
-from fa_autotune.tune.inputs import random_inputs  # noqa: E402
-from fa_autotune.tune.measure import time_callable  # noqa: E402
-from fa_autotune.tune.reference import compare, reference_attention  # noqa: E402
+from fa_autotune.bench import Bench, Unavailable, config_call
+from fa_autotune.spec.config import MAX_SECTION, KernelConfig
+from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.target import environment
+from fa_autotune.tune.inputs import random_inputs
+from fa_autotune.tune.measure import time_callable
+from fa_autotune.tune.reference import compare, reference_attention
 
 G = dict(language="gluon", access="tensor_desc", num_warps=4)
 # The shipped D=64 causal structures the own-range and half-step sets measure against.
 D64_PLAIN = dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, overlap=False, one_loop=True)
 D64_DYN = dict(D64_PLAIN, dynamic=True, section=16, exp2_emu=16)
 VARIANT_SETS = {
-    # 2026-12-01-h200-gluon-sweep.md: the schedule knobs
+    # benchmarks/results/2026-12-01-h200-gluon-sweep/results.md: the schedule knobs
     "schedule": {
         "m64x2 n128 s2": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2),
         "m64x2 n128 s2 plain": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False),
@@ -51,7 +46,7 @@ VARIANT_SETS = {
         "m64x2 n128 s2 plain pers 1loop": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False,
                                                 persistent=1, one_loop=True),
     },
-    # 2026-12-01-h200-gluon-sweep-consumers.md: two consumer warpgroups against three
+    # benchmarks/results/2026-12-01-h200-gluon-sweep/consumers.md: two consumer warpgroups against three
     "consumers": {
         "m64x2 n128 s2 pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
         "m64x2 n128 s2 plain pers": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, persistent=1),
@@ -65,14 +60,14 @@ VARIANT_SETS = {
         "m64x3 n64 s2 r160 plain pers": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, consumers=3,
                                              consumer_regs=160, overlap=False, persistent=1),
     },
-    # causal grids in L2 sections of heads (l2_fraction: launcher.L2_SECTION_FRACTION for that
-    # variant; 0: every head at once, the order before sections)
+    # causal grids in L2 sections of heads (l2_fraction: the share of the L2 cache one section's
+    # K/V may fill, turned into the config's `section` by l2_section below; 0: every head at once,
+    # the order before sections; a grid that is not persistent keeps the launcher's own rule)
     "l2": {
         "pers all-heads": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0),
         "pers l2 .25": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.25),
         "pers l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.5),
         "pers l2 .75": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, l2_fraction=0.75),
-        "grid all-heads": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, l2_fraction=0),
         "grid l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, l2_fraction=0.5),
         "3c n128 r160 pers l2 .5": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=3, consumer_regs=160,
                                         persistent=1, l2_fraction=0.5),
@@ -224,11 +219,16 @@ VARIANT_SETS = {
 
 
 def _shipped(problem: Problem) -> dict:
-    """The config the dispatcher picks for the problem (run with FA_AUTOTUNE_DB on an empty
-    database: the shipped file's)."""
-    from fa_autotune.runtime.dispatch import DISPATCHER
+    """The config attention() runs for the problem, as fa_autotune.explain reports it (run with
+    FA_AUTOTUNE_DB on an empty database: the shipped file's)."""
+    import torch
 
-    return DISPATCHER.choose(problem, "cuda", 0).config.to_dict()
+    import fa_autotune
+
+    dtype = getattr(torch, problem.dtype)
+    q = torch.empty(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim, device="cuda", dtype=dtype)
+    k = torch.empty(problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim, device="cuda", dtype=dtype)
+    return fa_autotune.explain(q, k, k, problem.causal, causal_align=problem.causal_align)["config"]
 
 
 def d128_problems(quick: bool) -> list[Problem]:
@@ -294,6 +294,20 @@ def problems(quick: bool) -> list[Problem]:
     return out
 
 
+def l2_section(problem: Problem, q, fraction: float) -> int:
+    """Heads per section of a causal persistent grid whose K and V (shared by a KV group's
+    query heads) fill ``fraction`` of this GPU's L2 cache: the launcher's rule for its own
+    share (fa_autotune.kernels.launcher.l2_section), at any share; 0: every head at once."""
+    heads = problem.batch * problem.heads_q
+    if fraction <= 0:
+        return min(heads, MAX_SECTION)
+    import torch
+
+    kv_per_head = 2 * problem.seqlen_k * problem.head_dim_pad * q.element_size() / problem.gqa_group
+    budget = torch.cuda.get_device_properties(q.device).L2_cache_size * fraction
+    return max(1, min(heads, MAX_SECTION, int(budget // max(kv_per_head, 1))))
+
+
 def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: bool = False) -> dict:
     q, k, v = random_inputs(problem, "cuda", seed=0)
     ref, _ = reference_attention(q, k, v, causal=problem.causal)
@@ -315,17 +329,16 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: b
         params = dict(params(problem) if callable(params) else params)
         if params.get("causal_mode") == "masked" and not problem.causal:
             continue
-        fraction = params.pop("l2_fraction", launcher.L2_SECTION_FRACTION)
+        fraction = params.pop("l2_fraction", None)
+        if fraction is not None and params.get("persistent") and problem.causal and not params.get("section"):
+            params["section"] = l2_section(problem, q, fraction)
         config = KernelConfig.from_mapping(params)
-        saved, launcher.L2_SECTION_FRACTION = launcher.L2_SECTION_FRACTION, fraction
         try:
-            fn = _prepared(config, problem, q, k, v)  # the section size is fixed when prepared
+            fn = config_call(config, problem, q, k, v)
             report = compare(fn(), ref)
         except Exception as exc:  # a variant that cannot run is a result
             rows[name] = {"config": config.name, "status": f"{type(exc).__name__}: {exc}"[:200]}
             continue
-        finally:
-            launcher.L2_SECTION_FRACTION = saved
         if not report.passes(problem.dtype):
             rows[name] = {"config": config.name, "status": "wrong_result", "rel_error": report.rel}
             continue

@@ -165,6 +165,7 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", required=True, help="directory for varlen_bench.json and varlen_bench.md")
     main(Path(parser.parse_args().out))

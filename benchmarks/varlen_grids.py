@@ -5,27 +5,47 @@ L2 sections of 8 heads, what dense dynamic grids use); varlen_bench's three leng
 causal and not (bf16, 32/8 heads, D 128, lengths unchecked). Each kernel's output is checked
 against float32 attention (per sequence) before it is timed; a row prints the median of
 three rounds' medians, in TFLOPS. One timing per grid in turn varied by 5-10% between
-neighbours (benchmarks/results/2026-12-02-h200-varlen-grids.md): hence the rounds.
+neighbours (benchmarks/results/2026-12-02-h200-varlen-grids/results.md): hence the rounds.
 
-Usage: python3 benchmarks/varlen_grids.py
+Usage: python3 benchmarks/varlen_grids.py   (prints one line per length mix and mask; needs a GPU)
 """
+import argparse
+
 import torch
 
 import fa_autotune
-from fa_autotune.runtime.dispatch import DISPATCHER
-from fa_autotune.spec.config import KernelConfig
-from fa_autotune.spec.problem import Problem
+from fa_autotune import KernelConfig
 from fa_autotune.tune.measure import time_callable
-from varlen_bench import GLUON, length_mixes, packed_inputs
-from varlen_ragged import D, HKV, HQ, check_varlen
+from fa_autotune.tune.reference import compare, reference_attention
+from varlen_bench import GLUON, D, HKV, HQ, length_mixes, packed_inputs
+
+
+def check_varlen(out, q, k, v, lens, causal):
+    """Each sequence's rows against float32 attention over that sequence alone."""
+    refs, start = [], 0
+    for n in lens:
+        views = (t[start:start + n].unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+        refs.append(reference_attention(*views, causal=causal)[0][0].transpose(0, 1))
+        start += n
+    report = compare(out, torch.cat(refs))
+    if not report.passes("bfloat16"):
+        raise SystemExit(f"attention_varlen output off the float32 reference: {report}")
+
+
+def dispatched_config(lens, causal: bool) -> KernelConfig:
+    """What attention() dispatches for the dense problem attention_varlen looks up (batch =
+    sequences, N = the longest, bottom-right causal), as fa_autotune.explain reports it."""
+    q = torch.empty(len(lens), HQ, max(lens), D, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(len(lens), HKV, max(lens), D, device="cuda", dtype=torch.bfloat16)
+    info = fa_autotune.explain(q, k, k, causal, causal_align="bottom_right")
+    return KernelConfig.from_mapping(info["config"])
 
 
 def variants(lens, causal: bool) -> dict[str, dict]:
     """The dispatched config of the dense problem attention_varlen looks up (when it is a
     Gluon one) and the Gluon default, each on the dynamic and the static persistent grid."""
-    problem = Problem(len(lens), HQ, HKV, max(lens), max(lens), D, "bfloat16", causal, "bottom_right")
     out = {}
-    dispatched = DISPATCHER.choose(problem, "cuda", torch.cuda.current_device()).config
+    dispatched = dispatched_config(lens, causal)
     for name, config in (("dispatched", dispatched), ("default", GLUON)):
         if config.language == "gluon":
             out[f"{name} dynamic"] = config.with_(persistent=1, dynamic=True).to_dict()
@@ -59,4 +79,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__).parse_args()
     main()

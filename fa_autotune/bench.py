@@ -93,7 +93,17 @@ class Unavailable(Exception):
     """A provider that cannot run this problem here (missing backend, unsupported shape)."""
 
 
-def _prepared(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
+def config_call(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
+    """A callable that runs ``config`` on these tensors, as the bench times a config: checked
+    against ``problem`` and the tensors first (``ConfigError`` naming the field if it cannot run
+    them), compiled and planned once, then each call allocates a fresh output and launches the
+    kernel (no dispatch, no per-call checks) and returns it.
+
+    ``q``, ``k``, ``v``: (B, H, N, D) tensors as :func:`fa_autotune.attention` takes them;
+    ``problem``: their :class:`~fa_autotune.Problem`
+    (``fa_autotune.spec.problem.problem_from_tensors(q, k, v, causal)``).
+    For benchmarks that time named configs beside ``attention()``, e.g.
+    ``fn = config_call(KernelConfig.from_mapping({...}), problem, q, k, v); fn()``."""
     check_config(config, problem, q, k, v)
     out = torch.empty_like(q)
     plan = prepare(config, q, k, v, out, None, problem.head_dim ** -0.5, problem.causal_offset, problem.causal)
@@ -104,6 +114,9 @@ def _prepared(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], t
         return o
 
     return call
+
+
+_prepared = config_call  # the earlier private name, for callers outside this repository
 
 
 def sdpa_call(backend: str, problem: Problem, q, k, v):
@@ -192,10 +205,10 @@ class Bench:
             return (lambda: api.attention(q, k, v, problem.causal)), None, f"{info['kernel']} ({info['source']})"
         if provider == "default":
             cfg = default_for(problem, detect_gpu(q.device.index or 0))
-            return _prepared(cfg, problem, q, k, v), None, cfg.name
+            return config_call(cfg, problem, q, k, v), None, cfg.name
         if provider == "tutorial":
             cfg = self._tutorial_config(problem)
-            return _prepared(cfg, problem, q, k, v), None, cfg.name
+            return config_call(cfg, problem, q, k, v), None, cfg.name
         if provider == "flex":
             return _flex(problem, q, k, v), None, "torch.compile(flex_attention)"
         if provider == LEADER:

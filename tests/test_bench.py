@@ -356,3 +356,22 @@ def test_ratios_against_fa4_beside_cudnn():
     text = markdown(summary, ("tuned", "cudnn", "fa4"))
     assert "| all | tuned | 1 | 1.414x | 1.000x | 141% | 1.000x | 0.800x |" in text
     assert "cudnn_vs_fa4" not in geomeans(rows, ("tuned", "cudnn"))["float16"]
+
+
+def test_config_call_runs_a_named_config_and_refuses_one_that_cannot_run():
+    """The public callable the benchmark scripts time a config with (benchmarks/gluon_sweep.py)."""
+    from fa_autotune import ConfigError, KernelConfig
+    from fa_autotune.bench import _prepared, config_call
+    from fa_autotune.spec.problem import problem_from_tensors
+    from fa_autotune.tune.reference import compare, reference_attention
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (torch.randn(1, 2, 64, 16, device=device, dtype=torch.float16) for _ in range(3))
+    problem = problem_from_tensors(q, k, v, causal=True)
+    fn = config_call(KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1), problem, q, k, v)
+    first, second = fn(), fn()
+    assert first.data_ptr() != second.data_ptr()  # a fresh output each call
+    assert compare(first, reference_attention(q, k, v, causal=True)[0]).passes(problem.dtype)
+    with pytest.raises(ConfigError):
+        config_call(KernelConfig(BLOCK_M=48), problem, q, k, v)
+    assert _prepared is config_call

@@ -4,7 +4,7 @@ Triton 3.6's Gluon builder has the op (``create_async_tma_reduce``: PTX
 ``cp.reduce.async.bulk.tensor``) but ``hopper.tma`` has no Python wrapper for it. The
 backward's dQ needs it: FlashAttention-3 adds each step's share of dQ into an fp32 buffer
 from shared memory with one bulk reduce instead of per-thread atomics, which cost the Gluon
-pass 1.5-1.7x its time on an H200 (benchmarks/results/2026-12-01-h200-bwd-sweep-gluon-atomic.md).
+pass 1.5-1.7x its time on an H200 (benchmarks/results/2026-12-01-h200-bwd-sweep-gluon/atomic.md).
 Generated kernels import this module; it holds no kernel of its own.
 """
 from __future__ import annotations

@@ -50,7 +50,7 @@ _DECODE_UNITS = ("CacheSeqlens", "SEQLEN", "PairStart")  # a persistent (balance
 _APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN")
 
 # The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
-# per-call argument binding (about 12 us of host time per call: 2026-11-30-h200-dispatch-overhead.md).
+# per-call argument binding (about 12 us of host time per call: benchmarks/results/2026-11-30-h200-dispatch-overhead/results.md).
 # It uses Triton's private launcher interface, so only on the versions it was tested with;
 # elsewhere every call goes through the public ``kernel[grid](...)``.
 DIRECT_LAUNCH_TRITON = ("3.6.",)
@@ -308,9 +308,9 @@ rest serves Q, O and the other sections' stragglers); FlashAttention-3 uses 32 o
 
 DYNAMIC_SECTION = 8
 """Heads per section of a causal Gluon grid that takes its tiles from a counter. Measured on an
-H200 (benchmarks/results/2026-12-02-h200-fwd-example-and-sections.md), sections of 4-16 heads
+H200 (benchmarks/results/2026-12-02-h200-fwd-example-and-sections/results.md), sections of 4-16 heads
 ran such grids 2-7% faster than the L2-sized ones (D=128 N=4096 causal 0.998x -> 1.055x cuDNN,
-N=16384 1.021x -> 1.088x), the backward's 1-3% (2026-12-02-h200-bwd-persistent.md): with
+N=16384 1.021x -> 1.088x), the backward's 1-3% (benchmarks/results/2026-12-02-h200-bwd-persistent/results.md): with
 every program fetching the next longest tile, a narrow section keeps the running tiles on a
 few heads whose K and V stay in L2."""
 

@@ -495,7 +495,7 @@ def _without_warp_specialization(config: KernelConfig, **changes) -> KernelConfi
     """The same tiles unspecialized (with ``changes``, in one step: a half-changed config may
     not validate); a persistent grid goes too, since it was chosen for the producer warps'
     overlap: the FP8 128x256 kernel ran at 0.38x on it without them
-    (benchmarks/results/2026-11-30-h200-fp8-structure.md)."""
+    (benchmarks/results/2026-11-30-h200-fp8-structure/results.md)."""
     if config.warp_specialize:
         changes.update(warp_specialize=False, persistent=0)
     return config.with_(**changes)
@@ -602,7 +602,7 @@ def attention_varlen(
     if config is None:
         # The dispatched config: a Gluon one runs its own varlen kernel where it can read these
         # tensors (0.71-0.89x of dense attention against 0.62-0.67x for Triton's on an H200,
-        # benchmarks/results/2026-12-01-h200-varlen-gluon.md), on the persistent grid
+        # benchmarks/results/2026-12-01-h200-varlen-gluon/results.md), on the persistent grid
         # varlen_grid picks (static, or tiles from a counter for few sequences); otherwise
         # the Triton varlen kernel.
         gpu = gpu_of(q.device.type, q.device.index or 0)
@@ -647,10 +647,10 @@ def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool, bat
     in the consumers it led the counter on the H200 with 16 or more sequences: by 0.4-5.5% on
     mixed lengths, causal or not, and 2.4% on equal ones without a mask), except for fewer than VARLEN_DYNAMIC_BELOW sequences, whose
     tiles differ most in work: tiles from a counter there (4 sequences of 1024-16384: 0.9%
-    ahead, causal 2.2%; benchmarks/results/2026-12-04-h200-varlen-no-spill.md). A causal batch
+    ahead, causal 2.2%; benchmarks/results/2026-12-04-h200-varlen-no-spill/results.md). A causal batch
     whose sequences all have the longest length (tokens = batch * max_seqlen) is the dense
     problem the config was chosen for: its own grid, persistent. Never a program per tile
-    (slower for varlen, -varlen-grids.md)."""
+    (slower for varlen, benchmarks/results/2026-12-02-h200-varlen-grids/results.md)."""
     if causal and equal_lengths:
         return dispatched.with_(persistent=max(dispatched.persistent, 1))
     if batch < VARLEN_DYNAMIC_BELOW:

@@ -319,7 +319,7 @@ def _validate(cfg: KernelConfig) -> None:
     _validate_language(cfg)
     if cfg.warp_specialize and cfg.loop_order != "q_outer":
         # kv_outer nests its loops; split_kv + warp_specialize returned NaN on an H200
-        # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke.md).
+        # under Triton 3.6 (benchmarks/results/2026-11-29-h200-kernel-smoke/results.md).
         raise ConfigError("warp_specialize", "only loop_order='q_outer' supports warp specialization")
     if cfg.warp_specialize and (cfg.access != "tensor_desc" or cfg.causal_mode != "split" or cfg.num_stages != 2):
         # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked

@@ -1,7 +1,7 @@
 """Built-in configs: the last link of the dispatch chain, used when nothing is tuned.
 
 Chosen to be correct everywhere and reasonable on Hopper: the D=64 and D=128 picks won
-the sweep in benchmarks/results/2026-11-29-h200-kernel-smoke.md. The tuner exists to beat them.
+the sweep in benchmarks/results/2026-11-29-h200-kernel-smoke/results.md. The tuner exists to beat them.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _SPLIT_KV_MAX_QROWS = 64
 # FlashAttention-3 in Gluon on Hopper, fp16/bf16 with 64 < D <= 128: two 64-row consumer
 # warpgroups over 128-row K/V steps, a persistent grid with two Q buffers. On an H200 it ran
 # 0.99-1.02x cuDNN on the non-causal D=128 llm-prefill problems and 1.12-1.16x the D=128 geomean
-# of the Triton winners tuned before it (benchmarks/results/2026-12-01-h200-gluon-bench-llm-prefill.md).
+# of the Triton winners tuned before it (benchmarks/results/2026-12-01-h200-gluon-bench-llm-prefill/results.md).
 GLUON_DEFAULT = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
                              num_stages=2, persistent=1)
 # Past D=128 (192 runs padded to 256): 64-key steps two deep, one Q buffer per consumer (a
@@ -35,11 +35,11 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     scheduling (1.00-1.06x cuDNN at N >= 4096) and without the intra-warpgroup overlap in one
     K/V loop, dynamic and static (the best Gluon kernels at D=64); three consumers at D <= 64
     without a mask; at D <= 64 the best D=64 structure with part of its exp2 on the FMA units
-    (benchmarks/results/2026-12-01-h200-gluon-dynamic.md, -short-causal.md,
-    -sweep-consumers.md, -exp2-emu.md); at D <= 64 causal, both with half diagonal steps
-    (2026-12-02-h200-half-step-d64.md); at D <= 64 three consumers taking turns, and on causal
-    grids two (2026-12-02-h200-pingpong-3c-d64.md); past D=64 the default with lazy rescaling
-    (2026-12-02-h200-lazy-rescale.md); past D=128 the wide default, without lazy rescaling and
+    (benchmarks/results/2026-12-01-h200-gluon-dynamic/results.md, benchmarks/results/2026-12-01-h200-gluon-short-causal/results.md,
+    benchmarks/results/2026-12-01-h200-gluon-sweep/consumers.md, benchmarks/results/2026-12-01-h200-gluon-exp2-emu/results.md); at D <= 64 causal, both with half diagonal steps
+    (benchmarks/results/2026-12-02-h200-half-step/d64.md); at D <= 64 three consumers taking turns, and on causal
+    grids two (benchmarks/results/2026-12-02-h200-pingpong-3c/d64.md); past D=64 the default with lazy rescaling
+    (benchmarks/results/2026-12-02-h200-lazy-rescale/results.md); past D=128 the wide default, without lazy rescaling and
     with the consumers taking turns (2026-12-04-h200-gluon-wide)."""
     if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
             or problem.decode or problem.backward:
@@ -57,17 +57,17 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
             out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160))
     if problem.head_dim <= 64:
         # three consumers in turn, round robin: the best D=64 kernels at N >= 4096 without a
-        # mask and at N=16384 causal (2026-12-02-h200-pingpong-3c-d64.md)
+        # mask and at N=16384 causal (benchmarks/results/2026-12-02-h200-pingpong-3c/d64.md)
         out.append(GLUON_DEFAULT.with_(consumers=3, consumer_regs=160, overlap=False, pingpong=True))
-    if problem.head_dim <= 64 and problem.causal:  # part of the exp2 on the FMA units (-exp2-emu.md)
+    if problem.head_dim <= 64 and problem.causal:  # part of the exp2 on the FMA units (benchmarks/results/2026-12-01-h200-gluon-exp2-emu/results.md)
         emu = GLUON_DEFAULT.with_(dynamic=True, overlap=False, one_loop=True, exp2_emu=16)
-        # half diagonal steps: the best D=64 causal kernels at N=1024-16384 (-half-step-d64.md);
-        # two consumers in turn: at or next to cuDNN at N=1024-4096 (-pingpong-3c-d64.md)
+        # half diagonal steps: the best D=64 causal kernels at N=1024-16384 (benchmarks/results/2026-12-02-h200-half-step/d64.md);
+        # two consumers in turn: at or next to cuDNN at N=1024-4096 (benchmarks/results/2026-12-02-h200-pingpong-3c/d64.md)
         out += [GLUON_DEFAULT.with_(overlap=False, half_step=True), emu.with_(half_step=True), emu,
                 GLUON_DEFAULT.with_(overlap=False, pingpong=True)]
     elif problem.head_dim <= 64:
         out.append(GLUON_DEFAULT.with_(overlap=False, exp2_emu=8))
-    else:  # a warp skips the rescale while its rows keep their max: +1-2% at D=128 (-lazy-rescale.md)
+    else:  # a warp skips the rescale while its rows keep their max: +1-2% at D=128 (benchmarks/results/2026-12-02-h200-lazy-rescale/results.md)
         out.append(GLUON_DEFAULT.with_(rescale_threshold=8))
     return out
 
@@ -114,7 +114,7 @@ def decode_default(problem: Problem, capability: tuple[int, int] | None = None, 
     cache is split across about one program per SM, 4 stages deep; a paged one across four
     per SM, 2 stages deep (Triton spends pipeline stages on the page lookup, so paged loads
     hide their latency by occupancy instead). On an H200 these were within 1-3% of the best
-    of a sweep on every row of benchmarks/results/2026-12-01-h200-decode-sweep.md."""
+    of a sweep on every row of benchmarks/results/2026-12-01-h200-decode-sweep/results.md."""
     return decode_candidates(problem, capability, sm_count)[0]
 
 
@@ -123,11 +123,11 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
     """The decode default first, then the neighbours a tune should measure first (the split
     counts around it, both pipeline depths, and for a contiguous cache 128-key steps 3 deep,
     the best or next-best tile on every row of issue 15's table in
-    benchmarks/results/2026-12-02-h200-decode-splits.md, and 2 deep, the best through TMA at
-    64 x 4096 in 2026-12-03-h200-decode-grid-tma.md), and on Hopper each of those again
+    benchmarks/results/2026-12-02-h200-decode-splits/results.md, and 2 deep, the best through TMA at
+    64 x 4096 in benchmarks/results/2026-12-03-h200-decode-wide2/grid-tma.md), and on Hopper each of those again
     with the contiguous cache read through TMA descriptors. Balanced splits (`persistent`) are
     neither here nor in the default search space: on the uniform lengths a tune measures they
-    ran 5-12% behind the fixed splits (2026-12-02-h200-decode-balanced.md)."""
+    ran 5-12% behind the fixed splits (benchmarks/results/2026-12-02-h200-decode-balanced/results.md)."""
     rows = problem.seqlen_q * problem.gqa_group
     block_m = min(128, max(16, 1 << max(0, (rows - 1).bit_length())))
     programs = max(1, problem.batch * problem.heads_kv * -(-rows // block_m))
@@ -164,7 +164,7 @@ def decode_candidates(problem: Problem, capability: tuple[int, int] | None = Non
 
 # FlashAttention-3's backward in Gluon on Hopper (fp16/bf16, D <= 128): a TMA producer and two
 # consumer warpgroups of 64 key rows, dQ added up inside it by TMA bulk reduces. On an H200
-# (benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows.md): 0.89-1.00x cuDNN at D=128 and
+# (benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows/results.md): 0.89-1.00x cuDNN at D=128 and
 # 0.99-1.00x at D=64 (128 query rows a step) at N=4096, 0.92-0.97x at N=1024, against 0.75-0.81x
 # for the Gluon pass beside the Triton dQ pass and 0.73-0.93x for the Triton kernels.
 GLUON_BACKWARD = KernelConfig(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64,
@@ -178,10 +178,10 @@ GLUON_BACKWARD_TWO_PASS = KernelConfig(loop_order="backward", language="gluon", 
 def backward_default(problem: Problem, capability: tuple[int, int] | None = None, gluon: bool = True) -> KernelConfig:
     """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 for 16 < D <= 128 the
     Gluon pass with dQ added up inside it (GLUON_BACKWARD: 64 query rows a step and a ring of
-    3 past D=64, 128 rows and 2 up to D=64; benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows.md;
+    3 past D=64, 128 rows and 2 up to D=64; benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows/results.md;
     not below D=32, where each consumer's dQ half would be 8 columns, a case never run on a
     GPU; ``gluon=False`` for inputs it cannot read); otherwise the Triton kernels
-    (benchmarks/results/2026-12-01-h200-bwd-sweep.md): dK/dV keeps 64 K/V rows
+    (benchmarks/results/2026-12-01-h200-bwd-sweep/results.md): dK/dV keeps 64 K/V rows
     against 64 streamed query rows at D=128 (2 stages; 128 against 32 with 3 stages at
     D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows with 8 warps and
     3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
@@ -194,7 +194,7 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
         # Without a mask every tile is as long as the next: one program per SM taking tiles
         # from a counter, its producer loading the next tile's first Q/dO tiles while the
         # consumers finish this one (1-5% at llm-prefill's non-causal shapes). Causal grids keep a program per tile,
-        # which the hardware hands out longest first (2026-12-02-h200-bwd-persistent.md).
+        # which the hardware hands out longest first (benchmarks/results/2026-12-02-h200-bwd-persistent/results.md).
         return chosen if problem.causal else chosen.with_(persistent=1, dynamic=True)
     dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
     if problem.head_dim_pad <= 64:
@@ -203,7 +203,7 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
-    """H200 sweeps at D=128 (benchmarks/results/2026-11-30-h200-fp8-*.md): 128x256 tiles
+    """H200 sweeps at D=128 (benchmarks/results/2026-11-30-h200-fp8-*/): 128x256 tiles
     warp-specialized over TMA on a persistent grid where Triton 3.6 allows it (no causal
     mask, whole K/V tiles); elsewhere 64x128 with 4 warps over plain pointers on Hopper,
     128x128 with 8 warps and 2 stages (less shared memory) before it."""

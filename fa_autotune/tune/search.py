@@ -153,14 +153,14 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     """What a study measures first, in order (the caller drops what its space cannot hold):
     the default, this problem's earlier winners (a re-tune must measure the incumbent) and,
     for a causal persistent Gluon winner, the same in other L2 sections (which size wins
-    depends on the heads, tiles and programs: 2026-12-02-h200-fwd-example-and-sections.md),
+    depends on the heads, tiles and programs: benchmarks/results/2026-12-02-h200-fwd-example-and-sections/results.md),
     the Gluon structures worth measuring first, then the nearest tuned problems' winners. A
     D <= 64 causal winner in the steps-in-turn schedule with two consumers (as the space
     searches them: three overflowed shared memory) is measured with half steps too (+1-3.5%
-    for each such structure in 2026-12-02-h200-half-step-d64.md); Gluon winners
+    for each such structure in benchmarks/results/2026-12-02-h200-half-step/d64.md); Gluon winners
     (and those half-step forms) with the consumers taking turns on the tensor cores flipped
-    (which schedule wins moves with the head dim, length and mask: 2026-12-02-h200-pingpong-*.md),
-    and Gluon winners with lazy rescaling flipped (-2 to +2% by problem: -lazy-rescale.md),
+    (which schedule wins moves with the head dim, length and mask: benchmarks/results/2026-12-02-h200-pingpong*/),
+    and Gluon winners with lazy rescaling flipped (-2 to +2% by problem: benchmarks/results/2026-12-02-h200-lazy-rescale/results.md),
     before the L2 sections."""
     winners = [c for p, c in tuned if p == problem]
     starts = defaults_for(problem, gpu) + winners
