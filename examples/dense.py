@@ -18,7 +18,7 @@ else:
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
                  "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: no GPU, running in Triton's interpreter on the CPU (slow; fine for these tiny shapes)")
+    print("note: running on the CPU in Triton's interpreter (slow; the shapes here are tiny for it)")
 TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]  # max abs error vs float32
 torch.manual_seed(0)
 
@@ -46,9 +46,9 @@ print(f"explain: {info['kernel']} from source '{info['source']}' ({info['origin'
       f"matched problem: {info['matched_problem']}); backward: {info['backward']['kernel']}")
 
 error = (out.float() - reference).abs().max().item()
+error_with_lse = (out2.float() - reference).abs().max().item()
 error_lse = (lse - lse_reference).abs().max().item()
-same = torch.equal(out, out2)  # return_lse=True changes nothing about the output
-print(f"return_lse: LSE max abs error {error_lse:.1e} vs float32 logsumexp; output identical: {same}")
+print(f"return_lse: output max abs error {error_with_lse:.1e} vs SDPA, LSE {error_lse:.1e} vs float32 logsumexp")
 print(f"dense: max abs error {error:.1e} vs SDPA ({device}, {str(dtype).removeprefix('torch.')})")
-if not (error <= TOLERANCE and error_lse <= TOLERANCE and same):
+if max(error, error_with_lse, error_lse) > TOLERANCE:
     sys.exit(f"dense: FAILED (tolerance {TOLERANCE:.0e})")

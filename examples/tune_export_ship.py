@@ -23,7 +23,7 @@ else:
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
                  "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: no GPU, running in Triton's interpreter on the CPU (slow; fine for these tiny shapes)")
+    print("note: running on the CPU in Triton's interpreter (slow; the shapes here are tiny for it)")
 
 
 def fa_autotune_cli(*args):
