@@ -23,7 +23,8 @@ else:
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
                  "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: running on the CPU in Triton's interpreter (slow; the shapes here are tiny for it)")
+    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
+          "so the shapes here are tiny")
 
 
 def fa_autotune_cli(*args):

@@ -25,7 +25,8 @@ EXPECTED = {  # script: the result line it prints when its check passes
     "fp8.py": rf"fp8: relative error {NUMBER} vs attention\(\), recipe e4m3 per_block \+ Hadamard {WHERE} inputs\)",
     "training_step.py": rf"training_step: loss {NUMBER} -> {NUMBER} in 8 steps; gradients within {NUMBER} of "
                         rf"SDPA's \(relative\) {WHERE}\)",
-    "transformers_model.py": rf"transformers_model: max abs logit difference {NUMBER} vs sdpa {WHERE}, transformers \S+\)",
+    "transformers_model.py": rf"transformers_model: max abs logit difference {NUMBER} vs sdpa {WHERE}, "
+                             r"transformers \S+\)",
     "tune_export_ship.py": r"tune_export_ship: explain\(\) reports source 'exported' for "
                            r"b1_hq2_hkv2_nq64_nk64_d32_float16_causal-top_left \((?:cpu|cuda)\)",
 }
