@@ -1,0 +1,64 @@
+"""attention_fp8(): e4m3 attention against the fp16/bf16 result of attention(), with the
+quantization recipe (scaling groups, Hadamard rotation) that made the difference.
+
+    GPU: python examples/fp8.py
+    CPU: TRITON_INTERPRET=1 python examples/fp8.py   (Triton's interpreter emulates FP8: slow, tiny shapes)
+"""
+import os
+import sys
+
+import torch
+
+from fa_autotune import attention, attention_fp8, quantize_fp8
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    device, dtype = "cuda", torch.bfloat16
+else:
+    device, dtype = "cpu", torch.float16  # the interpreter computes bf16 dot products wrong
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
+                 "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
+    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
+          "so the shapes here are tiny")
+TOLERANCE = 0.1  # relative error e4m3 is tuned to (fa_autotune.spec.problem.TOLERANCE)
+torch.manual_seed(0)
+
+
+def relative_error(out, reference):
+    """Frobenius norm of the difference over that of the reference (what the tuner measures)."""
+    return ((out.float() - reference.float()).norm() / reference.float().norm()).item()
+
+
+# LLM-like activations: Q and K with a few loud head-dim channels, where FP8 rounding hurts most.
+batch, heads_q, heads_kv, seqlen, head_dim = 1, 4, 2, 128, 64
+q = torch.randn(batch, heads_q, seqlen, head_dim, device=device) * 0.25
+k = torch.randn(batch, heads_kv, seqlen, head_dim, device=device) * 0.25
+v = torch.randn(batch, heads_kv, seqlen, head_dim, device=device)
+for t in (q, k):
+    t[..., [3, 17, 40, 61]] *= 20.0
+q, k, v = (t.to(dtype) for t in (q, k, v))
+
+reference = attention(q, k, v, is_causal=True)  # the fp16/bf16 kernel on the same inputs
+
+# Quantize once with an explicit recipe, then attend: descales are applied inside the kernel.
+results = {}
+for scaling, hadamard in (("per_tensor", False), ("per_block", True)):
+    x = quantize_fp8(q, k, v, scaling=scaling, hadamard=hadamard, fmt="e4m3")  # FP8 q, k, v + float32 descales
+    out = attention_fp8(x, is_causal=True)  # output in bf16 for prequantized inputs
+    recipe = f"{x.fmt} {x.scaling}{' + Hadamard' if x.hadamard else ''}"
+    if x.scaling == "per_block":
+        recipe += f" ({x.block_q}-row blocks)"
+    results[scaling, hadamard] = relative_error(out, reference)
+    print(f"  {recipe}: relative error {results[scaling, hadamard]:.3f}")
+
+# Or let attention_fp8 quantize fp16/bf16 inputs itself (output in their dtype), with the
+# recipe the dispatcher picks for this problem (tuned, or per-block + Hadamard by default).
+out = attention_fp8(q, k, v, is_causal=True)
+print(f"  attention_fp8(q, k, v) quantizing itself: relative error {relative_error(out, reference):.3f}, "
+      f"output {str(out.dtype).removeprefix('torch.')}")
+
+error = results["per_block", True]
+print(f"fp8: relative error {error:.3f} vs attention(), recipe e4m3 per_block + Hadamard "
+      f"({device}, {str(dtype).removeprefix('torch.')} inputs)")
+if error > TOLERANCE:
+    sys.exit(f"fp8: FAILED (tolerance {TOLERANCE})")
