@@ -742,10 +742,12 @@ class _CheckedLengths:
 _LAST_CHECKED = _CheckedLengths()
 
 
-def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
-            causal_align: str = "top_left") -> dict[str, Any]:
-    """What ``attention(q, k, v, causal)`` would run, and why (never launches or tunes)."""
-    problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align)
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | None = None, *,
+            causal_align: str = "top_left", is_causal: bool | None = None) -> dict[str, Any]:
+    """What ``attention(q, k, v, causal)`` would run, and why (never launches or tunes);
+    SDPA's ``is_causal`` is taken as ``attention`` takes it."""
+    causal = sdpa_alias("causal", causal, "is_causal", is_causal)
+    problem = problem_from_tensors(q, k, v, causal=False if causal is None else causal, causal_align=causal_align)
     choice = _dispatched(problem, q, k, v)
     info = _choice_info(problem, choice)
     if not problem.is_fp8:  # what loss.backward() would run

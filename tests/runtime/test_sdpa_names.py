@@ -86,3 +86,10 @@ def test_public_namespace_lists_the_api_only():
         assert private not in names
     assert not hasattr(fa_autotune, "Any") and not hasattr(fa_autotune, "annotations")
     assert sorted(fa_autotune.__all__) == names
+
+
+def test_explain_takes_is_causal_as_attention_does():
+    q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.float16) for _ in range(3))
+    assert fa_autotune.explain(q, k, v, is_causal=True) == fa_autotune.explain(q, k, v, causal=True)
+    with pytest.raises(InputError, match="not both"):
+        fa_autotune.explain(q, k, v, causal=True, is_causal=True)
