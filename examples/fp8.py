@@ -4,22 +4,14 @@ quantization recipe (scaling groups, Hadamard rotation) that made the difference
     GPU: python examples/fp8.py
     CPU: TRITON_INTERPRET=1 python examples/fp8.py   (Triton's interpreter emulates FP8: slow, tiny shapes)
 """
-import os
 import sys
 
 import torch
 
 from fa_autotune import attention, attention_fp8, quantize_fp8
+from _device import pick_device
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    device, dtype = "cuda", torch.bfloat16
-else:
-    device, dtype = "cpu", torch.float16  # the interpreter computes bf16 dot products wrong
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
-                 "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
-          "so the shapes here are tiny")
+device, dtype = pick_device()
 TOLERANCE = 0.1  # relative error e4m3 is tuned to (fa_autotune.spec.problem.TOLERANCE)
 torch.manual_seed(0)
 

@@ -5,23 +5,15 @@ against the same model with SDPA.
     GPU: python examples/training_step.py
     CPU: TRITON_INTERPRET=1 python examples/training_step.py   (Triton's interpreter: slow, tiny shapes)
 """
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from fa_autotune import attention
+from _device import pick_device
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    device, dtype = "cuda", torch.bfloat16
-else:
-    device, dtype = "cpu", torch.float16  # the interpreter computes bf16 dot products wrong
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
-                 "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
-          "so the shapes here are tiny")
+device, dtype = pick_device()
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]  # gradient difference, relative to its largest
 torch.manual_seed(0)
 

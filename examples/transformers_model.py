@@ -7,27 +7,19 @@ a few greedy tokens generated through the KV-cache path.
     CPU: TRITON_INTERPRET=1 python examples/transformers_model.py   (Triton's interpreter: slow, tiny shapes)
 """
 import copy
-import os
 import sys
 
 import torch
 
 import fa_autotune.integrations.transformers as fa_hf
+from _device import pick_device
 
 try:
     import transformers
 except ImportError:
     sys.exit("this example needs transformers: pip install 'fa-autotune[transformers]'")
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    device, dtype = "cuda", torch.bfloat16
-else:
-    device, dtype = "cpu", torch.float16  # the interpreter computes bf16 dot products wrong
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
-                 "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
-          "so the shapes here are tiny")
+device, dtype = pick_device()
 torch.manual_seed(0)
 
 name = fa_hf.register()  # adds attn_implementation="fa_autotune" to transformers' AttentionInterface

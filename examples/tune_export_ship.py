@@ -14,17 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+from _device import pick_device
 
-if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    device = "cuda"
-else:
-    device = "cpu"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        sys.exit("No GPU: the kernels can run on the CPU in Triton's interpreter, which must be chosen before "
-                 "Python starts:\n    TRITON_INTERPRET=1 python " + " ".join(sys.argv))
-    print("note: running on the CPU in Triton's interpreter (TRITON_INTERPRET=1, set before Python started): slow, "
-          "so the shapes here are tiny")
+device, _ = pick_device()
 
 
 def fa_autotune_cli(*args):
