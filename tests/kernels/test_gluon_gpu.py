@@ -69,10 +69,15 @@ SHAPES = {
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("knob", list(KNOBS))
 def test_matrix(knob, shape, dtype):
-    b, hq, hkv, nq, nk, d, causal, align = SHAPES[shape]
+    check_against_reference(SHAPES[shape], KNOBS[knob], dtype)
+
+
+def check_against_reference(shape: tuple, knobs: dict, dtype: torch.dtype) -> None:
+    """One Gluon config (BASE with knobs) on one (b, hq, hkv, nq, nk, d, causal, align) shape:
+    output and LSE against the float32 reference."""
+    b, hq, hkv, nq, nk, d, causal, align = shape
     q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
-    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **KNOBS[knob]),
-                         return_lse=True)
+    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **knobs), return_lse=True)
     assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
 
 
@@ -150,11 +155,7 @@ WIDE_SHAPES = {
 @pytest.mark.parametrize("shape", list(WIDE_SHAPES))
 @pytest.mark.parametrize("knob", list(WIDE_KNOBS))
 def test_wide_head_dims(knob, shape, dtype):
-    b, hq, hkv, nq, nk, d, causal, align = WIDE_SHAPES[shape]
-    q, k, v = make_qkv(b, hq, hkv, nq, nk, d, dtype, "cuda")
-    out, lse = attention(q, k, v, causal=causal, causal_align=align, config=dict(BASE, **WIDE_KNOBS[knob]),
-                         return_lse=True)
-    assert_close_to_reference(out, q, k, v, causal=causal, causal_align=align, lse=lse)
+    check_against_reference(WIDE_SHAPES[shape], WIDE_KNOBS[knob], dtype)
 
 
 @pytest.mark.parametrize("d", [192, 256])
