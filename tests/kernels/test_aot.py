@@ -257,17 +257,21 @@ def test_wide_gluon_kernels_fit_without_spills(head_dim):
 @pytest.mark.parametrize("head_dim, pad, config", [(192, 256, "wide"), (96, 128, "default")])
 def test_gluon_products_read_only_the_real_head_dim_columns(head_dim, pad, config):
     """Past a padded head dim (launcher.d_rest) the Gluon forward's Q K^T runs over the first
-    half and the next power of two of columns, and O is accumulated in two parts of those
-    widths: the tensor-core work (the N widths of every HGMMA, summed over the kernel's SASS)
-    is head_dim / pad of the same kernel's at the padded head dim, and the K/V step loops
-    still touch no local memory."""
+    half and the next power of two of columns, and where that second part is at least 64
+    columns wide (D=192) O accumulates in two parts of those widths: the tensor-core work (the
+    N widths of every HGMMA, summed over the kernel's SASS) is then head_dim / pad of the same
+    kernel's at the padded head dim; at D=96 (a 32-column part: the PV product stays whole)
+    only Q K^T's half of it shrinks. The K/V step loops still touch no local memory."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, GLUON_WIDE
 
     cfg = GLUON_WIDE if config == "wide" else GLUON_DEFAULT
     trimmed, padded = (compile_many([cfg], Problem(2, 16, 16, 4096, 4096, d, "bfloat16"), jobs=1, sass=True)[0]
                        for d in (head_dim, pad))
     work = [sum(int(n) for n in re.findall(r"HGMMA\.64x(\d+)x16", r.kernels[0].sass)) for r in (trimmed, padded)]
-    assert work[0] * pad == work[1] * head_dim, work
+    if head_dim == 192:
+        assert work[0] * pad == work[1] * head_dim, work
+    else:  # Q K^T and PV do equal work per step at D = BLOCK_N: half the work scales
+        assert work[0] * 2 * pad == work[1] * (pad + head_dim), work
     assert trimmed.kernels[0].step_loop_local_memory == 0
 
 
