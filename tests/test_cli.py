@@ -455,3 +455,49 @@ def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, 
 def test_gpus_refuses_what_it_cannot_run(db_url, spec, message, capsys):
     result = here(capsys, "tune", "--gpus", spec, "--db", db_url)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize("command", ["render", "compile", "tune", "query", "bench", "export", "import", "report"])
+def test_every_command_has_a_description_defaults_and_examples_in_its_help(command, capsys):
+    """`fa-autotune COMMAND --help`: what the command does, an example a user can copy, and
+    the defaults of its options."""
+    result = here(capsys, command, "--help")
+    assert result.returncode == 0 and result.stderr == ""
+    usage, description = result.stdout.split("\n\n")[:2]
+    assert usage.startswith(f"usage: fa-autotune {command}") and description.strip()
+    examples = result.stdout.split("examples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  fa-autotune {command}") for line in examples)
+    assert "(default: " in result.stdout
+    listing = here(capsys, "--help").stdout
+    assert re.search(rf"^    {command} +\S", listing, re.M), f"{command} has no line in fa-autotune --help"
+
+
+def test_tune_help_shows_numeric_defaults(capsys):
+    text = " ".join(here(capsys, "tune", "--help").stdout.split())
+    assert "head dimension D (default: 128)" in text and "(default: 180.0)" in text
+
+
+def test_causal_is_a_flag_in_every_command(tmp_path, db_url, capsys):
+    """`--causal` / `--no-causal` as in `tune`: in query and report they filter (neither: both
+    kinds); the older `--causal true|false` still means the same."""
+    shipped = os.path.join(os.path.dirname(__file__), "..", "tuning_db", "nvidia-h200.attn_fwd.json")
+    assert here(capsys, "import", shipped, "--db", db_url).returncode == 0
+
+    def causal_column(*flags):
+        result = here(capsys, "query", "best", "--db", db_url, "--format", "json", *flags)
+        assert result.returncode == 0, result.stderr
+        return {row["problem"]["causal"] if isinstance(row["problem"], dict) else "causal" in row["problem"]
+                for row in json.loads(result.stdout)}
+
+    assert causal_column() == {True, False}
+    assert causal_column("--causal") == {True} == causal_column("--causal", "true") == causal_column("--causal=yes")
+    assert causal_column("--no-causal") == {False} == causal_column("--causal", "false")
+    assert here(capsys, "query", "--no-causal", "best", "--db", db_url, "--format", "csv").returncode == 0
+    bad = here(capsys, "query", "best", "--db", db_url, "--causal=maybe")
+    assert bad.returncode == 2 and "--causal" in bad.stderr and "Traceback" not in bad.stderr
+    # tune: --no-causal is the default spelled out, and `--causal true` a causal problem, not an error
+    from fa_autotune.cli import build_parser, _causal_spelling
+
+    parse = lambda *a: build_parser().parse_args(_causal_spelling(["tune", *TINY, *a]))  # noqa: E731
+    assert parse("--no-causal").causal is False and parse().causal is False
+    assert parse("--causal").causal is True and parse("--causal", "true").causal is True
