@@ -501,3 +501,48 @@ def test_causal_is_a_flag_in_every_command(tmp_path, db_url, capsys):
     parse = lambda *a: build_parser().parse_args(_causal_spelling(["tune", *TINY, *a]))  # noqa: E731
     assert parse("--no-causal").causal is False and parse().causal is False
     assert parse("--causal").causal is True and parse("--causal", "true").causal is True
+
+
+TWO_CONFIGS = """\
+version: 1
+kernel: attn_fwd
+parameters:
+  loop_order: [q_outer]
+  BLOCK_M: [16]
+  BLOCK_N: [16, 32]
+  num_warps: [4]
+  num_stages: [2]
+  access: [pointer]
+  causal_mode: [split]
+  warp_specialize: [false]
+  num_splits: [1]
+  q_tiles: [1]
+constraints: []
+presets:
+  smoke:
+    description: one tiny problem
+    problems:
+      - {batch: 1, heads: 2, seqlen: 40, head_dim: 16, dtype: float16, causal: false}
+"""
+
+
+def test_reused_counts_only_earlier_measurements_and_a_log_gets_one_summary(env, db_url, tmp_path):
+    """A fresh database, a space of two configs that the random sampler (seed 3, two at a
+    time) proposes more than twice: the repeats are answered from this run's own rows and
+    are not `reused`; off a terminal the progress is a line per problem and the summary
+    comes once. A second study on the same database measures nothing: both configs reused."""
+    space = tmp_path / "two.yaml"
+    space.write_text(TWO_CONFIGS)
+    args = ["tune", "--space", str(space), "--sampler", "random", "--trials", "2", "--jobs", "2", "--db", db_url]
+    first = cli(*args, "--seed", "3", env=env)
+    log = first.stdout + first.stderr
+    summaries = [line for line in log.splitlines() if line.startswith("tuned problem:")]
+    assert len(summaries) == 1, log
+    assert "configs: 2; new: 2; reused: 0;" in summaries[0]
+    assert "progress: 1/1 problems, 2/2 configs: b1_hq2_hkv2_nq40_nk40_d16_float16_full searched" in first.stderr
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:  # the sampler did repeat itself
+        assert conn.execute("SELECT count(*) FROM trials").fetchone()[0] > 2
+    conn.close()
+    second = cli(*args, "--seed", "3", "--study", "another", "--quiet", env=env)
+    (summary,) = [line for line in second.stdout.splitlines() if line.startswith("tuned problem:")]
+    assert "configs: 2; new: 0; reused: 2;" in summary
