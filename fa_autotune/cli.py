@@ -178,7 +178,8 @@ def _tune(args: argparse.Namespace) -> int:
     else:  # a log: one plain line per problem, nothing folded
         print("\n".join(summary_line(o, gpu.is_interpreter) for o in outcomes))
     if gpu.is_interpreter:
-        print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
+        print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU: they are not speeds, "
+              "so TFLOPS are shown as '-'.")
     print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
 
@@ -516,9 +517,27 @@ def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> Non
     shown = [c for c in columns if c != "config"]
     for c in shown:
         table.add_column(c, overflow="fold")
+    speeds = [c for c in shown if "tflops" in c.lower()]
+    interpreted = False
     for r in flat:
-        table.add_row(*(escape(_cell(r[c])) for c in shown))
+        cells = {c: _cell(r[c]) for c in shown}
+        if speeds and _interpreted(r):  # as the tune summary shows them: not speeds
+            cells.update({c: "-" for c in speeds})
+            interpreted = True
+        table.add_row(*(escape(cells[c]) for c in shown))
     Console(width=max(120, 14 * len(shown))).print(table)
+    if interpreted:
+        print(INTERPRETER_SPEEDS)
+
+
+# One rendering of a speed timed in Triton's interpreter, wherever a table shows it.
+INTERPRETER_SPEEDS = ("Note: TFLOPS are shown as '-' for timings from Triton's interpreter (no GPU): they are not "
+                      "speeds; --format json or csv gives the stored numbers.")
+
+
+def _interpreted(row: dict) -> bool:
+    """A row measured in Triton's interpreter (its GPU is the interpreter's stand-in)."""
+    return row.get("capability") == "interpreter" or str(row.get("gpu") or "").startswith("Triton interpreter")
 
 
 def _cell(value) -> str:

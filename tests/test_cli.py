@@ -99,6 +99,15 @@ def test_tune_then_query(env, shared_url, capsys):
     assert ok_only and all(r["status"] == "ok" for r in ok_only)
     assert json.loads(here(capsys, "query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16").stdout) == []
     assert "best" in here(capsys, "query", "best", "--db", db_url).stdout  # the table has a title
+    # Interpreter timings are not speeds: '-' in every table, as in the tune summary above,
+    # with a note; JSON and CSV keep the stored number.
+    assert "TFLOPS are shown as '-'" in out.stdout
+    for what in ("best", "trials"):
+        stored = json.loads(here(capsys, "query", what, "--db", db_url, "--format", "json").stdout)
+        shown = here(capsys, "query", what, "--db", db_url).stdout
+        assert "TFLOPS are shown as '-' for timings from Triton's interpreter" in shown
+        assert not [r for r in stored if r["tflops"] and f"{r['tflops']:.4g}" in shown], shown
+    assert best[0]["tflops"] > 0
     assert len(json.loads(here(capsys, "query", "trials", "--db", db_url, "--format", "json", "--limit", "2").stdout)) == 2
     best_status = here(capsys, "query", "best", "--db", db_url, "--status", "ok")
     assert best_status.returncode == 2 and "--status filters measurements" in best_status.stderr
