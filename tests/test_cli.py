@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -476,6 +477,10 @@ def test_every_command_has_a_description_defaults_and_examples_in_its_help(comma
     assert usage.startswith(f"usage: fa-autotune {command}") and description.strip()
     examples = result.stdout.split("examples:\n", 1)[1].splitlines()
     assert examples and all(line.startswith(f"  fa-autotune {command}") for line in examples)
+    from fa_autotune.cli import _causal_spelling, build_parser
+
+    for line in examples:  # each one a valid command line
+        build_parser().parse_args(_causal_spelling(shlex.split(line, comments=True)[1:]))
     assert "(default: " in result.stdout
     listing = here(capsys, "--help").stdout
     assert re.search(rf"^    {command} +\S", listing, re.M), f"{command} has no line in fa-autotune --help"
