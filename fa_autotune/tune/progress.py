@@ -66,7 +66,7 @@ class RichReporter:
         if self.live:
             self.progress.start()
         self.total_task = self.progress.add_task("all problems", total=None)
-        self.problem_task = self.progress.add_task("", total=None)
+        self.problem_task = self.progress.add_task("", total=None, visible=False)  # shown once a problem starts
 
     def _settled(self, outcome: ProblemOutcome) -> int:
         """Configs of the current problem this run has settled, up to its target."""
@@ -77,7 +77,7 @@ class RichReporter:
         self.base = min(outcome.trials, target)
         self.total += target - self.base
         self.progress.update(self.total_task, total=self.total, completed=self.done)
-        self.progress.reset(self.problem_task, total=target, completed=self.base,
+        self.progress.reset(self.problem_task, total=target, completed=self.base, visible=True,
                             description=f"problem {index + 1}/{self.problems}")
         self.progress.lines = [outcome.problem.key]
 
