@@ -37,15 +37,18 @@ def command(name: str) -> Callable[[Handler], Handler]:
 
 def add_problem_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
     group = parser.add_argument_group("problem (SDPA's B, H, N, D)")
-    group.add_argument("--batch", type=int, default=1)
+    group.add_argument("--batch", type=int, default=1, help="batch size B")
     group.add_argument("--heads", type=int, default=16, help="query heads")
     group.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA); default: --heads")
-    group.add_argument("--seqlen", type=int, required=required, default=None if required else 1024)
+    group.add_argument("--seqlen", type=int, required=required, default=None if required else 1024,
+                       help="query length N")
     group.add_argument("--seqlen-k", type=int, default=None, help="key length; default: --seqlen")
-    group.add_argument("--head-dim", type=int, default=128)
+    group.add_argument("--head-dim", type=int, default=128, help="head dimension D")
     group.add_argument("--dtype", default="float16", help="float16|bfloat16|float32 (fp16, bf16, fp32)")
-    group.add_argument("--causal", action="store_true")
-    group.add_argument("--causal-align", default="top_left", choices=["top_left", "bottom_right"])
+    group.add_argument("--causal", action=argparse.BooleanOptionalAction, default=False,
+                       help="a causal mask; --no-causal (the default): none")
+    group.add_argument("--causal-align", default="top_left", choices=["top_left", "bottom_right"],
+                       help="where the causal diagonal starts when the query and key lengths differ")
     group.add_argument("--page-size", type=int, default=0,
                        help="KV-cache problems (--space decode): rows per cache page; 0 = a contiguous cache")
 
@@ -175,7 +178,8 @@ def _tune(args: argparse.Namespace) -> int:
     else:  # a log: one plain line per problem, nothing folded
         print("\n".join(summary_line(o, gpu.is_interpreter) for o in outcomes))
     if gpu.is_interpreter:
-        print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU.")
+        print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU: they are not speeds, "
+              "so TFLOPS are shown as '-'.")
     print(f"Results: {safe_url(db.url)}")
     return 0 if all(o.best is not None for o in outcomes) else 1
 
@@ -513,9 +517,27 @@ def emit(rows: list[dict], columns: list[str], fmt: str, title: str = "") -> Non
     shown = [c for c in columns if c != "config"]
     for c in shown:
         table.add_column(c, overflow="fold")
+    speeds = [c for c in shown if "tflops" in c.lower()]
+    interpreted = False
     for r in flat:
-        table.add_row(*(escape(_cell(r[c])) for c in shown))
+        cells = {c: _cell(r[c]) for c in shown}
+        if speeds and _interpreted(r):  # as the tune summary shows them: not speeds
+            cells.update({c: "-" for c in speeds})
+            interpreted = True
+        table.add_row(*(escape(cells[c]) for c in shown))
     Console(width=max(120, 14 * len(shown))).print(table)
+    if interpreted:
+        print(INTERPRETER_SPEEDS)
+
+
+# One rendering of a speed timed in Triton's interpreter, wherever a table shows it.
+INTERPRETER_SPEEDS = ("Note: TFLOPS are shown as '-' for timings from Triton's interpreter (no GPU): they are not "
+                      "speeds; --format json or csv gives the stored numbers.")
+
+
+def _interpreted(row: dict) -> bool:
+    """A row measured in Triton's interpreter (its GPU is the interpreter's stand-in)."""
+    return row.get("capability") == "interpreter" or str(row.get("gpu") or "").startswith("Triton interpreter")
 
 
 def _cell(value) -> str:
@@ -526,13 +548,29 @@ def _cell(value) -> str:
     return str(value)
 
 
-def _tristate(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "causal"):
-        return True
-    if lowered in ("0", "false", "no", "full"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+_CAUSAL_WORDS = {"1": True, "true": True, "yes": True, "causal": True,
+                 "0": False, "false": False, "no": False, "full": False}
+
+
+def _causal_spelling(argv: list[str]) -> list[str]:
+    """``--causal`` is a flag (``--no-causal`` its opposite) in every command; the older
+    ``--causal true|false`` (and ``--causal=false``) of query and report still means the same."""
+    out, i = [], 0
+    while i < len(argv):
+        item = argv[i]
+        value = None
+        if item.startswith("--causal="):
+            value = item.partition("=")[2]
+        elif item == "--causal" and i + 1 < len(argv) and argv[i + 1].lower() in _CAUSAL_WORDS:
+            value, i = argv[i + 1], i + 1
+        if value is None:
+            out.append(item)
+        elif value.lower() in _CAUSAL_WORDS:
+            out.append("--causal" if _CAUSAL_WORDS[value.lower()] else "--no-causal")
+        else:
+            out.append(item)  # argparse says what is wrong with it
+        i += 1
+    return out
 
 
 @command("bench")
@@ -580,22 +618,23 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fa-autotune", description="Tune Triton FlashAttention kernels per GPU.")
+    parser = argparse.ArgumentParser(prog="fa-autotune", description="Tune Triton FlashAttention kernels per GPU.",
+                                     epilog="Run 'fa-autotune COMMAND --help' for a command's options and examples.")
     parser.add_argument("--version", action="version", version=f"fa_autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("render", help=_render.__doc__)
+    p = _subcommand(sub, "render", _render)
     _add_config_flags(p)
     p.add_argument("--out", default=None, help="directory (default: the kernel cache)")
     p.add_argument("--show", action="store_true", help="also print the source")
 
-    p = sub.add_parser("compile", help=_compile.__doc__)
+    p = _subcommand(sub, "compile", _compile)
     _add_config_flags(p)
     add_problem_flags(p)
     p.add_argument("--arch", type=_arch, default=(9, 0),
                    help="compute capability to compile for, MAJOR.MINOR (default 9.0, Hopper)")
 
-    p = sub.add_parser("tune", help=_tune.__doc__, description=_tune.__doc__)
+    p = _subcommand(sub, "tune", _tune)
     p.add_argument("--preset", default=None, help="named problem set of the search space (default: smoke without a "
                                                    "GPU, quick with one)")
     p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
@@ -606,12 +645,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=_positive_int, default=None,
                    help="trials per problem (re-running continues up to this)")
     p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds for the whole run")
-    p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"])
+    p.add_argument("--sampler", default="tpe", choices=["tpe", "grid", "random"],
+                   help="Optuna's TPE, every config of the space once, or random draws")
     p.add_argument("--seed", type=_seed, default=None, help=f"sampler seed, 0..{_MAX_SEED}")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or a SQLite file in the user "
                                                "cache dir)")
     p.add_argument("--study", default=None, help="study name prefix (default: fa-autotune)")
-    p.add_argument("--jobs", type=_positive_int, default=None, help="parallel compile processes")
+    p.add_argument("--jobs", type=_positive_int, default=None,
+                   help="parallel compile processes (default: half the CPU cores)")
     p.add_argument("--retime-top", type=_positive_int, default=3,
                    help="re-time this many best configs before picking (at least 1: the winner is one of them)")
     p.add_argument("--trial-timeout", type=_positive_float, default=180.0, help="seconds before a trial counts as hung")
@@ -624,14 +665,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "pinned with CUDA_VISIBLE_DEVICES, sharing the database and --jobs)")
     p.add_argument("--worker-slot", type=_worker_slot, default=(0, 1), help=argparse.SUPPRESS)  # set by --gpus
 
-    p = sub.add_parser("query", help=_query.__doc__, description=_query.__doc__)
+    p = _subcommand(sub, "query", _query)
     p.add_argument("what", choices=["best", "trials", "failures", "compare", "coverage", "pareto"],
                    help="best: winner per problem; trials: every measurement; pareto: FP8 time/error fronts; "
                         "failures: counts and examples by "
                         "status; compare: the same problems on two GPUs/software versions (--a, --b); coverage: "
                         "which problems of --preset are tuned, and how far the nearest tuned one is")
     _add_db_flags(p)
-    p.add_argument("--format", default="table", choices=["table", "json", "csv"])
+    p.add_argument("--format", default="table", choices=["table", "json", "csv"], help="output format")
     p.add_argument("--status", default=None, help="ok, invalid_config, compile_error, out_of_resources, "
                                                    "wrong_result, timeout or crashed")
     p.add_argument("--problem", default=None, help="exact problem key")
@@ -641,8 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="coverage: the problem set")
     p.add_argument("--space", default="fwd", help="coverage: search space holding the preset")
 
-    p = sub.add_parser("bench", help=_bench.__doc__, description=_bench.__doc__)
-    p.add_argument("--preset", default="llm-prefill")
+    p = _subcommand(sub, "bench", _bench)
+    p.add_argument("--preset", default="llm-prefill", help="named problem set of --space (ignored with --seqlen)")
     add_problem_flags(p)
     p.set_defaults(seqlen=None)
     p.add_argument("--space", default="fwd", help="search space holding the preset")
@@ -666,28 +707,76 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no timing: merge earlier bench outputs (bench.json or its folder) from GPUs of the same "
                         "model and software into one table in --out")
 
-    p = sub.add_parser("export", help=_export.__doc__, description=_export.__doc__)
+    p = _subcommand(sub, "export", _export)
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
     p.add_argument("--out", required=True, help="directory for the files")
     p.add_argument("--gpu", default=None, help="only GPUs whose name contains this")
 
-    p = sub.add_parser("import", help=_import.__doc__, description=_import.__doc__)
+    p = _subcommand(sub, "import", _import)
     p.add_argument("files", nargs="+", help="exported JSON files")
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
 
-    p = sub.add_parser("report", help=_report.__doc__, description=_report.__doc__)
+    p = _subcommand(sub, "report", _report)
     _add_db_flags(p)
     p.add_argument("--out", required=True, help="directory for the PNG files")
     return parser
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; each option's default shown after its help
+    unless the help already says it, or there is none to show (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("%(default)" in text or "default" in text or not action.option_strings
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
+# Shown under each command's --help: commands as a user types them.
+_EXAMPLES = {
+    "render": ["fa-autotune render --config '{\"BLOCK_M\": 64, \"BLOCK_N\": 64}' --show",
+               "fa-autotune render --config '{\"loop_order\": \"split_kv\", \"num_splits\": 4}' --out kernels/"],
+    "compile": ["fa-autotune compile --config '{\"access\": \"tensor_desc\"}' --head-dim 128 --causal",
+                "fa-autotune compile --config-file config.json --arch 8.0 --seqlen 4096"],
+    "tune": ["fa-autotune tune                         # the quick preset (smoke without a GPU)",
+             "fa-autotune tune --batch 4 --heads 32 --kv-heads 8 --seqlen 8192 --head-dim 128 --dtype bf16 --causal",
+             "fa-autotune tune --preset llm-prefill --match d128,causal --trials 60 --db sqlite:////data/fa.sqlite",
+             "fa-autotune tune --gpus all --time-budget 3600"],
+    "query": ["fa-autotune query best",
+              "fa-autotune query best --dtype bf16 --head-dim 128 --causal --format csv",
+              "fa-autotune query trials --status compile_error --limit 20",
+              "fa-autotune query compare --a gpu=H100 --b gpu=H200",
+              "fa-autotune query coverage --preset llm-prefill"],
+    "bench": ["fa-autotune bench --preset llm-prefill --out bench-results",
+              "fa-autotune bench --seqlen 4096 --head-dim 128 --dtype bf16 --causal --providers tuned,cudnn",
+              "fa-autotune bench --merge run1/ run2/ --out merged/"],
+    "export": ["fa-autotune export --out tuned/",
+               "fa-autotune export --gpu H200 --out tuned/ --db sqlite:////data/fa.sqlite"],
+    "import": ["fa-autotune import tuned/nvidia-h200.attn_fwd.json",
+               "fa-autotune import tuned/*.json --db sqlite:////data/fa.sqlite"],
+    "report": ["fa-autotune report --out plots/",
+               "fa-autotune report --gpu H200 --dtype bf16 --no-causal --out plots/"],
+}
+
+
+def _subcommand(sub, name: str, handler: Handler) -> argparse.ArgumentParser:
+    """The subparser of ``name``: the handler's docstring as its help and description, its
+    examples as the epilog, defaults shown."""
+    epilog = "examples:\n" + "\n".join(f"  {line}" for line in _EXAMPLES[name])
+    return sub.add_parser(name, help=handler.__doc__, description=handler.__doc__, epilog=epilog,
+                          formatter_class=_HelpFormatter)
 
 
 def _add_db_flags(p: argparse.ArgumentParser) -> None:
     """--db and the filters shared by query and report."""
     p.add_argument("--db", default=None, help="SQLAlchemy URL (default: FA_AUTOTUNE_DB or the user cache dir)")
     p.add_argument("--gpu", default=None, help="substring of the GPU name")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--head-dim", type=int, default=None)
-    p.add_argument("--causal", type=_tristate, default=None, help="true or false")
+    p.add_argument("--dtype", default=None, help="only this dtype (fp16, bf16, ...)")
+    p.add_argument("--head-dim", type=int, default=None, help="only this head dimension")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="only causal problems; --no-causal: only those without a mask (default: both)")
 
 
 def _positive_int(text: str) -> int:
@@ -758,7 +847,7 @@ def _positive_float(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_causal_spelling(argv))
     args.argv = argv
     try:
         code = _COMMANDS[args.command](args)

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -99,6 +100,15 @@ def test_tune_then_query(env, shared_url, capsys):
     assert ok_only and all(r["status"] == "ok" for r in ok_only)
     assert json.loads(here(capsys, "query", "best", "--db", db_url, "--format", "json", "--dtype", "bf16").stdout) == []
     assert "best" in here(capsys, "query", "best", "--db", db_url).stdout  # the table has a title
+    # Interpreter timings are not speeds: '-' in every table, as in the tune summary above,
+    # with a note; JSON and CSV keep the stored number.
+    assert "TFLOPS are shown as '-'" in out.stdout
+    for what in ("best", "trials"):
+        stored = json.loads(here(capsys, "query", what, "--db", db_url, "--format", "json").stdout)
+        shown = here(capsys, "query", what, "--db", db_url).stdout
+        assert "TFLOPS are shown as '-' for timings from Triton's interpreter" in shown
+        assert not [r for r in stored if r["tflops"] and f"{r['tflops']:.4g}" in shown], shown
+    assert best[0]["tflops"] > 0
     assert len(json.loads(here(capsys, "query", "trials", "--db", db_url, "--format", "json", "--limit", "2").stdout)) == 2
     best_status = here(capsys, "query", "best", "--db", db_url, "--status", "ok")
     assert best_status.returncode == 2 and "--status filters measurements" in best_status.stderr
@@ -455,3 +465,98 @@ def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, 
 def test_gpus_refuses_what_it_cannot_run(db_url, spec, message, capsys):
     result = here(capsys, "tune", "--gpus", spec, "--db", db_url)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize("command", ["render", "compile", "tune", "query", "bench", "export", "import", "report"])
+def test_every_command_has_a_description_defaults_and_examples_in_its_help(command, capsys):
+    """`fa-autotune COMMAND --help`: what the command does, an example a user can copy, and
+    the defaults of its options."""
+    result = here(capsys, command, "--help")
+    assert result.returncode == 0 and result.stderr == ""
+    usage, description = result.stdout.split("\n\n")[:2]
+    assert usage.startswith(f"usage: fa-autotune {command}") and description.strip()
+    examples = result.stdout.split("examples:\n", 1)[1].splitlines()
+    assert examples and all(line.startswith(f"  fa-autotune {command}") for line in examples)
+    from fa_autotune.cli import _causal_spelling, build_parser
+
+    for line in examples:  # each one a valid command line
+        build_parser().parse_args(_causal_spelling(shlex.split(line, comments=True)[1:]))
+    assert "(default: " in result.stdout
+    listing = here(capsys, "--help").stdout
+    assert re.search(rf"^    {command} +\S", listing, re.M), f"{command} has no line in fa-autotune --help"
+
+
+def test_tune_help_shows_numeric_defaults(capsys):
+    text = " ".join(here(capsys, "tune", "--help").stdout.split())
+    assert "head dimension D (default: 128)" in text and "(default: 180.0)" in text
+
+
+def test_causal_is_a_flag_in_every_command(tmp_path, db_url, capsys):
+    """`--causal` / `--no-causal` as in `tune`: in query and report they filter (neither: both
+    kinds); the older `--causal true|false` still means the same."""
+    shipped = os.path.join(os.path.dirname(__file__), "..", "tuning_db", "nvidia-h200.attn_fwd.json")
+    assert here(capsys, "import", shipped, "--db", db_url).returncode == 0
+
+    def causal_column(*flags):
+        result = here(capsys, "query", "best", "--db", db_url, "--format", "json", *flags)
+        assert result.returncode == 0, result.stderr
+        return {row["problem"]["causal"] if isinstance(row["problem"], dict) else "causal" in row["problem"]
+                for row in json.loads(result.stdout)}
+
+    assert causal_column() == {True, False}
+    assert causal_column("--causal") == {True} == causal_column("--causal", "true") == causal_column("--causal=yes")
+    assert causal_column("--no-causal") == {False} == causal_column("--causal", "false")
+    assert here(capsys, "query", "--no-causal", "best", "--db", db_url, "--format", "csv").returncode == 0
+    bad = here(capsys, "query", "best", "--db", db_url, "--causal=maybe")
+    assert bad.returncode == 2 and "--causal" in bad.stderr and "Traceback" not in bad.stderr
+    # tune: --no-causal is the default spelled out, and `--causal true` a causal problem, not an error
+    from fa_autotune.cli import build_parser, _causal_spelling
+
+    parse = lambda *a: build_parser().parse_args(_causal_spelling(["tune", *TINY, *a]))  # noqa: E731
+    assert parse("--no-causal").causal is False and parse().causal is False
+    assert parse("--causal").causal is True and parse("--causal", "true").causal is True
+
+
+TWO_CONFIGS = """\
+version: 1
+kernel: attn_fwd
+parameters:
+  loop_order: [q_outer]
+  BLOCK_M: [16]
+  BLOCK_N: [16, 32]
+  num_warps: [4]
+  num_stages: [2]
+  access: [pointer]
+  causal_mode: [split]
+  warp_specialize: [false]
+  num_splits: [1]
+  q_tiles: [1]
+constraints: []
+presets:
+  smoke:
+    description: one tiny problem
+    problems:
+      - {batch: 1, heads: 2, seqlen: 40, head_dim: 16, dtype: float16, causal: false}
+"""
+
+
+def test_reused_counts_only_earlier_measurements_and_a_log_gets_one_summary(env, db_url, tmp_path):
+    """A fresh database, a space of two configs that the random sampler (seed 3, two at a
+    time) proposes more than twice: the repeats are answered from this run's own rows and
+    are not `reused`; off a terminal the progress is a line per problem and the summary
+    comes once. A second study on the same database measures nothing: both configs reused."""
+    space = tmp_path / "two.yaml"
+    space.write_text(TWO_CONFIGS)
+    args = ["tune", "--space", str(space), "--sampler", "random", "--trials", "2", "--jobs", "2", "--db", db_url]
+    first = cli(*args, "--seed", "3", env=env)
+    log = first.stdout + first.stderr
+    summaries = [line for line in log.splitlines() if line.startswith("tuned problem:")]
+    assert len(summaries) == 1, log
+    assert "configs: 2; new: 2; reused: 0;" in summaries[0]
+    assert "progress: 1/1 problems, 2/2 configs: b1_hq2_hkv2_nq40_nk40_d16_float16_full searched" in first.stderr
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:  # the sampler did repeat itself
+        assert conn.execute("SELECT count(*) FROM trials").fetchone()[0] > 2
+    conn.close()
+    second = cli(*args, "--seed", "3", "--study", "another", "--quiet", env=env)
+    (summary,) = [line for line in second.stdout.splitlines() if line.startswith("tuned problem:")]
+    assert "configs: 2; new: 0; reused: 2;" in summary

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
@@ -17,41 +18,74 @@ INTERPRETER_NOTE = ("No CUDA GPU: kernels run in Triton's interpreter on the CPU
                     "timings, not GPU timings; the pipeline and the database are otherwise the same.")
 
 
+class _TuneProgress(Progress):
+    """Bars with short labels, so they fit 80 columns, and under them the current problem's
+    key and its best config and failures so far, each one line cut to the width."""
+
+    def __init__(self, *columns, **kwargs) -> None:
+        self.lines: list[str] = []  # before Progress's own set-up, which renders once
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        for line in self.lines:
+            yield Text(line, no_wrap=True, overflow="ellipsis")
+
+
 class RichReporter:
-    """Overall bar (trials done / total, ETA) and a line on the current problem: its best
-    config and TFLOPS so far and failures by status."""
+    """On a terminal: a bar of configs settled over all problems (of those this run set out
+    to settle, ETA) and one for the current problem, its key and its best config so far
+    and failures by status under them. Elsewhere (a log, CI): a line per finished problem.
+    Counts are distinct configs settled, never trials: a config the sampler proposes again
+    (answered from the database) does not move them, so done never exceeds the total."""
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
-            console=self.console, transient=False,
+        self.live = self.console.is_terminal
+        self.progress = _TuneProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
         )
         self.total_task = None
+        self.problem_task = None
         self.started = time.monotonic()
         self.statuses: Counter = Counter()
         self.interpreter = False
+        self.problems = 0
+        self.finished = 0
+        self.target = 0
+        self.base = 0  # configs the current problem's study had settled when this run took it up
+        self.done = 0  # configs settled by this run in the problems finished
+        self.total = 0  # configs this run set out to settle in the problems taken up so far
 
     def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None:
-        self.interpreter = interpreter
+        self.interpreter, self.problems = interpreter, len(problems)
         if interpreter:
             self.console.print(f"[yellow]{INTERPRETER_NOTE}[/yellow]")
         self.console.print(f"Tuning {len(problems)} problem(s).")
-        self.progress.start()
-        self.total_task = self.progress.add_task("all problems", total=None, detail="")
-        self.problem_task = self.progress.add_task("", total=None, detail="")
+        if self.live:
+            self.progress.start()
+        self.total_task = self.progress.add_task("all problems", total=None)
+        self.problem_task = self.progress.add_task("", total=None, visible=False)  # shown once a problem starts
+
+    def _settled(self, outcome: ProblemOutcome) -> int:
+        """Configs of the current problem this run has settled, up to its target."""
+        return max(0, min(outcome.trials, self.target) - self.base)
 
     def problem_started(self, index: int, outcome: ProblemOutcome, target: int) -> None:
-        total = self.progress.tasks[self.total_task].total or 0
-        self.progress.update(self.total_task, total=total + target - outcome.trials)
-        self.progress.reset(self.problem_task, total=target, completed=outcome.trials,
-                             description=escape(f"[{index + 1}] {outcome.problem.key}"), detail="")
+        self.target = target
+        self.base = min(outcome.trials, target)
+        self.total += target - self.base
+        self.progress.update(self.total_task, total=self.total, completed=self.done)
+        self.progress.reset(self.problem_task, total=target, completed=self.base, visible=True,
+                            description=f"problem {index + 1}/{self.problems}")
+        self.progress.lines = [outcome.problem.key]
 
     def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig | None, ms: float | None) -> None:
-        self.progress.advance(self.total_task)
-        self.progress.advance(self.problem_task)
-        self.progress.update(self.problem_task, detail=self._detail(outcome))
+        self.progress.update(self.total_task, completed=self.done + self._settled(outcome))
+        self.progress.update(self.problem_task, completed=self.base + self._settled(outcome))
+        detail = self._detail(outcome)
+        self.progress.lines = [outcome.problem.key] + ([detail] if detail else [])
 
     def _detail(self, outcome: ProblemOutcome) -> str:
         parts = []
@@ -65,11 +99,18 @@ class RichReporter:
 
     def problem_finished(self, outcome: ProblemOutcome) -> None:
         self.statuses.update(outcome.statuses)
-        if not self.console.is_terminal:  # a log or CI: a line per problem, not a live bar
-            print(summary_line(outcome, self.interpreter), file=self.console.file, flush=True)
+        self.done += self._settled(outcome)
+        self.finished += 1
+        self.progress.update(self.total_task, completed=self.done)
+        if not self.live:  # a log or CI: a progress line per problem; the summary comes once, at the end
+            print(f"progress: {self.finished}/{self.problems} problems, {self.done}/{self.total} configs: "
+                  f"{outcome.problem.key} searched ({outcome.trials} configs, {outcome.seconds:.1f} s)",
+                  file=self.console.file, flush=True)
 
     def finish(self, outcomes: list[ProblemOutcome]) -> None:
-        self.progress.stop()
+        self.progress.lines = []
+        if self.live:
+            self.progress.stop()
 
 
 _COLUMNS = ("problem", "best config", "ms", "TFLOPS", "ties", "configs", "new", "reused", "failures", "wall s")
@@ -77,8 +118,10 @@ _COLUMNS = ("problem", "best config", "ms", "TFLOPS", "ties", "configs", "new", 
 
 def _cells(o: ProblemOutcome, interpreter: bool) -> tuple[str, ...]:
     """One problem's summary. configs: distinct configs its study has settled (all runs);
-    new: trials measured in this run; reused: trials answered from earlier measurements
-    (repeats of a config included). TFLOPS mean nothing in the interpreter: '-'."""
+    new: trials measured in this run; reused: configs answered from measurements this run
+    did not make (earlier runs, or another run at the same time), each counted once: a config
+    the sampler proposes again in this run is neither. TFLOPS mean nothing in the
+    interpreter: '-'."""
     failures = ", ".join(f"{k}={v}" for k, v in sorted(o.statuses.items()) if k != "ok") or "-"
     tflops = f"{o.best_tflops:.1f}" if o.best_tflops and not interpreter else "-"
     return (o.problem.key, o.best.name if o.best else "(none passed)", f"{o.best_ms:.4f}" if o.best_ms else "-",

@@ -104,9 +104,9 @@ def target_trials(options: TuneOptions, interpreter: bool, grid_size: int) -> in
 class ProblemOutcome:
     problem: Problem
     study_name: str
-    trials: int = 0  # finished trials in the study
-    new_trials: int = 0
-    reused: int = 0
+    trials: int = 0  # distinct configs the study has settled (kept current during the run)
+    new_trials: int = 0  # trials measured by this run
+    reused: int = 0  # configs answered from measurements this run did not make (earlier or other runs), each once
     statuses: Counter = field(default_factory=Counter)
     best: KernelConfig | None = None
     best_ms: float | None = None
@@ -114,6 +114,8 @@ class ProblemOutcome:
     ties: int = 0
     seconds: float = 0.0
     front: list[FrontPoint] = field(default_factory=list)  # FP8: the stored Pareto front, fastest first
+    measured: set = field(default_factory=set, repr=False)  # configs this run measured
+    answered: set = field(default_factory=set, repr=False)  # configs counted in ``reused``
 
 
 class Reporter(Protocol):
@@ -404,7 +406,12 @@ class Tuner:
         return config
 
     def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
-        outcome.reused += 1
+        """Settle ``trial`` with a measurement already stored. ``reused`` counts the configs
+        so answered that this run did not measure itself, each once: a repeat of a config
+        this run measured (the sampler proposing it again) is neither new nor reused."""
+        if config not in outcome.measured and config not in outcome.answered:
+            outcome.answered.add(config)
+            outcome.reused += 1
         if previous is not None and previous.status == "ok":
             with closed_elsewhere(trial):
                 trial.set_user_attr("status", "ok")
@@ -419,6 +426,7 @@ class Tuner:
                 trial.set_user_attr("reused", True)
                 _tell_failed(study, trial)
             outcome.statuses[status] += 1
+        outcome.trials = _distinct(study)
         self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
 
     def _finish(self, study, trial, ids: Ids, config: KernelConfig | None, status: str, outcome: ProblemOutcome,
@@ -429,6 +437,7 @@ class Tuner:
             record(self.db, ids, config, status, started_at=started, finished_at=utcnow(), study_name=study.study_name,
                    trial_number=trial.number, **fields)
             self._claims.release(ids, config)
+            outcome.measured.add(config)
         outcome.new_trials += 1
         outcome.statuses[status] += 1
         with closed_elsewhere(trial):
@@ -441,6 +450,7 @@ class Tuner:
                 _tell_failed(study, trial)
         if status == "ok":
             self._note_best(outcome, config, fields["median_ms"])
+        outcome.trials = _distinct(study)
         self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
 
     def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:

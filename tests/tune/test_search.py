@@ -163,7 +163,8 @@ def test_only_trials_of_runs_that_are_gone_are_failed(tmp_path):
 
 
 def test_progress_lines_when_not_on_a_terminal():
-    """In a log or CI the live bar is invisible until the end: a line per finished problem."""
+    """In a log or CI the live bar is invisible until the end: a progress line per finished
+    problem (the summary is the command's, printed once at the end)."""
     import io
 
     from rich.console import Console
@@ -176,10 +177,12 @@ def test_progress_lines_when_not_on_a_terminal():
     problem = Problem(1, 2, 2, 64, 64, 32, "float16")
     reporter.start([problem], 4, interpreter=True)
     outcome = ProblemOutcome(problem, "s", trials=4, new_trials=4, best=KernelConfig(), best_ms=1.0, best_tflops=0.01)
+    reporter.problem_started(0, ProblemOutcome(problem, "s"), 4)
     reporter.problem_finished(outcome)
     reporter.finish([outcome])
-    line = next(x for x in buffer.getvalue().splitlines() if x.startswith("tuned problem:"))
-    assert problem.key in line and "TFLOPS: -;" in line
+    (line,) = [x for x in buffer.getvalue().splitlines() if x.startswith("progress:")]
+    assert line.startswith(f"progress: 1/1 problems, 4/4 configs: {problem.key} searched (4 configs")
+    assert "tuned problem" not in buffer.getvalue()
 
 
 def test_a_trial_closed_by_another_run_does_not_end_this_one(tmp_path):
