@@ -232,7 +232,7 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
 
     from .errors import DatabaseError
     from .paths import default_db_url
-    from .store import connect, queries, safe_url
+    from .store import queries, safe_url
     from .tune.progress import WorkersProgress
     from .tune.search import TuneOptions, settled, study_name, target_trials
 
