@@ -27,8 +27,9 @@ for _name in ("FA_AUTOTUNE_DB", "FA_AUTOTUNE_CONFIG_DIR", "FA_AUTOTUNE_DISABLE_T
 # The modules whose tests run whole tunes or compile many kernels (20-60 s each on 2 cores),
 # run first: with pytest-xdist each worker takes the next test when it is free, so the
 # long ones spread over the workers and the short ones fill the gaps at the end.
-_LONG_FIRST = ("tests/test_cli.py", "tests/tune/test_search.py", "tests/kernels/test_aot.py",
-               "tests/runtime/test_training.py", "tests/runtime/test_dispatch.py")
+_LONG_FIRST = ("tests/test_cli.py", "tests/test_examples.py", "tests/tune/test_search.py", "tests/kernels/test_aot.py",
+               "tests/runtime/test_training.py", "tests/runtime/test_dispatch.py", "tests/test_cli_faults.py",
+               "tests/test_docs.py")
 
 
 def pytest_collection_modifyitems(config, items):
