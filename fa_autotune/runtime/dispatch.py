@@ -1,9 +1,11 @@
 """Which config runs a problem: the lookup chain behind ``attention(config=None)``.
 
 First hit wins: in-process cache -> local results database -> exported files (each
-directory of ``FA_AUTOTUNE_CONFIG_DIR``) -> the files shipped in ``tuning_db/`` -> the
-built-in default. Each source is a :class:`~fa_autotune.spec.tuned.Tuned` (its exact problem,
-then the nearest tuned one); the database is read through :mod:`fa_autotune.store`, files
+directory of ``FA_AUTOTUNE_CONFIG_DIR``) -> the files shipped in ``tuning_db/`` -> for a
+kernel family this GPU has no shipped file of, the shipped file of the nearest GPU of the
+same compute capability (source "shipped (nearest GPU: NAME)") -> the built-in default.
+Each source is a :class:`~fa_autotune.spec.tuned.Tuned` (its exact problem, then the
+nearest tuned one); the database is read through :mod:`fa_autotune.store`, files
 through :mod:`.files`. Sources are read once per process and device, on the first call that
 needs them; after the first call for a problem the answer is a dict lookup. It never tunes.
 ``FA_AUTOTUNE_DISABLE_TUNED=1`` forces the defaults.
@@ -34,7 +36,7 @@ class Choice:
     """A config and where it came from."""
 
     config: KernelConfig
-    source: str  # database, exported, shipped, pareto (an FP8 front) or default
+    source: str  # database, exported, shipped, "shipped (nearest GPU: NAME)", pareto (an FP8 front) or default
     matched: Problem | None  # the tuned problem whose config this is (None for the default)
     distance: float
     origin: str  # database URL, file path, or "built-in"
@@ -42,7 +44,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class _Source:
-    kind: str  # database, exported or shipped
+    kind: str  # database, exported, shipped or "shipped (nearest GPU: NAME)"
     tuned: Tuned
 
 
@@ -153,7 +155,13 @@ class Dispatcher:
             for directory in _config_dirs():
                 sources += _file_source(directory, gpu, "exported", self._warn_once)
             sources += _file_source(_shipped_dir(), gpu, "shipped", self._warn_once)
-            self._sources[key] = sources
+            borrowed = _nearest_shipped(_shipped_dir(), gpu, self._warn_once)
+            if borrowed and not any(s.tuned.winners for s in sources):
+                names = sorted({s.tuned.gpu.name for s in borrowed})
+                self._warn_once(f"no tuned configs for {gpu.name} (sm_{gpu.capability}); using those shipped for "
+                                f"{' and '.join(names)}, the nearest GPU of its compute capability. Run "
+                                "`fa-autotune tune` on this GPU to tune it.")
+            self._sources[key] = sources + borrowed
         return self._sources[key]
 
     def _warn_once(self, message: str) -> None:
@@ -206,6 +214,42 @@ def _family_source(directory: Path, gpu: GpuInfo, family: str, kind: str, warn) 
         warn(f"ignoring {path}: it was tuned on {tuned.gpu.name} (sm_{tuned.gpu.capability})")
         return []
     return [_Source(kind, tuned)]
+
+
+def _nearest_shipped(directory: Path, gpu: GpuInfo, warn) -> list[_Source]:
+    """For each kernel family this GPU has no file of in ``directory``: the file there of the
+    nearest other GPU model of the same compute capability (:func:`gpu_distance`), so a GPU
+    nobody tuned yet starts from configs measured on a close relative rather than from the
+    defaults. Its own database and exported files still come first."""
+    if gpu.is_interpreter:  # the interpreter has no relatives: its timings mean nothing elsewhere
+        return []
+    sources = []
+    for family in files.FAMILIES:
+        if any((directory / name).is_file() for name in files.file_names(gpu, family)):
+            continue  # its own file (used, or refused with a warning) is the one to read
+        candidates = []
+        for path in sorted(directory.glob(f"*.{family}.json")):
+            try:
+                tuned = files.load(path)
+            except Exception as exc:  # a bad file must not break attention()
+                warn(f"ignoring {path}: {type(exc).__name__}: {exc}")
+                continue
+            if tuned.gpu.capability == gpu.capability and not tuned.gpu.same_model(gpu) and tuned.winners:
+                candidates.append((gpu_distance(gpu, tuned.gpu), tuned.gpu.name, str(path), tuned))
+        if candidates:
+            tuned = min(candidates, key=lambda c: c[:3])[3]
+            sources.append(_Source(f"shipped (nearest GPU: {tuned.gpu.name})", tuned))
+    return sources
+
+
+def gpu_distance(a: GpuInfo, b: GpuInfo) -> float:
+    """How unlike two GPU models of one compute capability are, from what a tuned file
+    records of its GPU: ``|log2 SM ratio| + 0.5 * |log2 memory ratio|`` (SM count decides how a
+    grid fills the GPU; memory size stands in for bandwidth, which the files do not record)."""
+    def log_ratio(x: int, y: int) -> float:
+        return abs(math.log2(max(x, 1) / max(y, 1)))
+
+    return log_ratio(a.sm_count, b.sm_count) + 0.5 * log_ratio(a.memory_mb, b.memory_mb)
 
 
 def _database(gpu: GpuInfo, warn) -> Tuned | None:
