@@ -18,6 +18,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import triton
 
@@ -29,6 +30,9 @@ from ..spec.problem import TOLERANCE, Problem, distance, nearest
 from ..spec.target import GpuInfo, detect_gpu, interpreter_gpu
 from ..spec.tuned import FrontPoint, Recipe, Tuned
 from . import files
+
+if TYPE_CHECKING:
+    from .record import Recorder
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class Dispatcher:
         self._sources: dict[tuple[str, int], list[_Source]] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        # Counts the problems served while a recording is on (fa_autotune.record,
+        # FA_AUTOTUNE_RECORD); None otherwise, the one check the hot paths pay.
+        self.recorder: "Recorder | None" = None
 
     def choose(self, problem: Problem, device_type: str, device_index: int) -> Choice:
         key = (problem, device_type, device_index)
@@ -273,3 +280,8 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
 
 
 DISPATCHER = Dispatcher()
+# FA_AUTOTUNE_RECORD=PATH: count what this process runs (a bad PATH is an error here, at the
+# first use of the dispatcher, rather than a lost recording at exit).
+from .record import start_from_environment  # noqa: E402 (needs DISPATCHER)
+
+start_from_environment()
