@@ -178,3 +178,35 @@ def test_recording_costs_under_a_microsecond_or_so_on_the_cached_path(tmp_path, 
         print(f"\ncached attention() without its launch: recording off {min(off):.2f} us/call, "
               f"on {min(on):.2f} us/call, overhead {overhead:.2f} us")
     assert overhead < 3.0  # generous: ~0.3 us measured on a shared CPU core
+
+
+def test_at_exit_a_spoiled_file_is_kept_and_the_counts_go_beside_it(tmp_path, capsys):
+    path = tmp_path / "workload.json"
+    recorder = record.Recorder(path)
+    recorder.count(TUNED)
+    path.write_text("not json")
+    recorder.write_at_exit()
+    err = capsys.readouterr().err
+    fallback = tmp_path / f"workload.json.{os.getpid()}.json"
+    assert f"cannot record to {path}" in err and str(fallback) in err
+    assert path.read_text() == "not json"
+    assert by_key(fallback)[TUNED.key]["calls"] == 1
+
+
+def test_counts_from_many_threads_add_up(tmp_path):
+    import threading
+
+    recorder = record.Recorder(tmp_path / "x.json")
+    problems = [TUNED, OTHER]
+
+    def work(i: int) -> None:
+        for _ in range(5000):
+            recorder.count(problems[i % 2])
+            recorder.count_by_value(Problem(1, 2, 2, 24, 24, 16, "float16"))  # equal to TUNED, a new object
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert recorder.counts() == {TUNED: 4 * 5000 + 8 * 5000, OTHER: 4 * 5000}
