@@ -150,10 +150,10 @@ def _compile(args: argparse.Namespace) -> int:
 @command("tune")
 def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
-    from rich.console import Console
-
     import dataclasses
     import time
+
+    from rich.console import Console
 
     from .store import safe_url
     from .tune.progress import RichReporter, summary_line, summary_table
@@ -174,7 +174,6 @@ def _tune(args: argparse.Namespace) -> int:
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
                           max_error=args.max_error, worker=args.worker_slot)
     db = _connect_to_write(args.db)
-    reporter = SilentReporter() if args.quiet else RichReporter()
     outcomes = []
     deadline = time.monotonic() + args.time_budget if args.time_budget else None
     for n, (space, group) in enumerate(groups):  # one search space per kernel family, in priority order
@@ -186,6 +185,7 @@ def _tune(args: argparse.Namespace) -> int:
                 break
             share = left * len(group) / sum(len(g) for _, g in groups[n:])
             options = dataclasses.replace(options, time_budget=share)
+        reporter = SilentReporter() if args.quiet else RichReporter()  # one progress display per family
         outcomes += Tuner(db, space, gpu, detect_software(), options, reporter).tune(group)
     console = Console()
     if console.is_terminal:
