@@ -234,3 +234,25 @@ def test_recorded_tune_end_to_end_in_the_interpreter(tmp_path, env):
     lines = [x for x in done.stdout.splitlines() if x.startswith("tuned problem:")]
     assert [decode.key in lines[0], fwd.key in lines[1]] == [True, True], done.stdout
     assert "attn_decode_" in lines[0] and "attn_fwd_" in lines[1]
+
+
+def test_model_tune_on_several_gpus_shares_one_study_per_problem(tmp_path, env, monkeypatch, capsys):
+    """`tune --gpus all --model`: two workers (faked GPUs, the interpreter) tune the forward
+    and the backward problem, each in its family's space; the progress counts both."""
+    import re
+
+    import torch
+
+    from fa_autotune import cli as cli_module
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    db = f"sqlite:///{tmp_path / 'tune.sqlite'}"
+    code = cli_module.main(["tune", "--gpus", "all", "--model", str(config(tmp_path, TINY)), "--seqlens", "32",
+                            "--batch", "1", "--training", "--trials", "2", "--jobs", "2", "--seed", "1", "--db", db])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    done = re.search(r"Done: (\d+)/(\d+) configs settled by 2 workers, (\d+)/(\d+) problems searched", out)
+    assert done and done[4] == "2" and done[3] == "2", out
+    assert "_bwd; best config: attn_bwd_" in out and "causal-top_left; best config: attn_fwd_" in out
