@@ -696,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, metavar="CONFIG",
                    help="tune what a model runs: a Hugging Face config.json (a path, or a model id already in the "
                         "local Hugging Face cache; nothing is downloaded); heads, KV heads, head dim and dtype "
-                        "come from it")
+                        "come from it (--dtype overrides); --batch sets every problem's batch (default: 16384 "
+                        "tokens / seqlen; --serving: 1, 16 and 64 sequences)")
     g.add_argument("--seqlens", default=None, help="--model: comma-separated sequence lengths (default 1024,4096,8192 "
                                                    "up to the model's max_position_embeddings)")
     g.add_argument("--training", action="store_true", help="--model: also the backward problems")

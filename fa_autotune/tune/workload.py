@@ -127,6 +127,13 @@ def parse_model(data: dict[str, Any], path: Path, name: str | None = None) -> Mo
                                f"({', '.join(data.get('architectures') or []) or 'no architectures'}) describes no "
                                "attention heads fa-autotune can tune (an attention-free or unsupported architecture?)")
     heads = _positive(where, "num_attention_heads", heads)
+    if data.get("kv_lora_rank") is not None or data.get("qk_rope_head_dim") is not None:
+        raise ModelConfigError(f"{where}: multi-head latent attention (kv_lora_rank / qk_rope_head_dim, as in "
+                               "DeepSeek-V2/V3): its Q/K and V head dims differ, which fa_autotune's kernels do not run")
+    v_dim = data.get("v_head_dim")
+    if v_dim is not None and v_dim != data.get("head_dim", v_dim):
+        raise ModelConfigError(f"{where}: v_head_dim {v_dim!r} differs from head_dim {data.get('head_dim')!r}; "
+                               "fa_autotune's kernels take one head dim for Q, K and V")
     kv_heads = data.get("num_key_value_heads")
     kv_heads = heads if kv_heads is None else _positive(where, "num_key_value_heads", kv_heads)
     if heads % kv_heads:

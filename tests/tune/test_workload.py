@@ -97,6 +97,8 @@ def test_encoders_are_not_causal(tmp_path):
     ({"torch_dtype": "int8"}, "torch_dtype 'int8'"),
     ({"sliding_window": -1}, "sliding_window must be a positive integer"),
     ({"max_position_embeddings": True}, "max_position_embeddings must be a positive integer"),
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "multi-head latent attention"),
+    ({"head_dim": 128, "v_head_dim": 64}, "v_head_dim 64 differs from head_dim 128"),
 ])
 def test_bad_configs_are_clear_errors(tmp_path, change, message):
     data = {k: v for k, v in {**LLAMA3_8B, **change}.items() if v is not None}
