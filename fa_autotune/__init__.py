@@ -37,7 +37,7 @@ def __getattr__(name: str) -> _typing.Any:
 
         return attention_with_kvcache
     if name == "record":
-        from .runtime.record import record
+        from .runtime.dispatch import record
 
         return record
     if name == "quantize_fp8":

@@ -12,13 +12,15 @@ needs them; after the first call for a problem the answer is a dict lookup. It n
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Iterator
 
 import triton
 
@@ -30,9 +32,8 @@ from ..spec.problem import TOLERANCE, Problem, distance, nearest
 from ..spec.target import GpuInfo, detect_gpu, interpreter_gpu
 from ..spec.tuned import FrontPoint, Recipe, Tuned
 from . import files
-
-if TYPE_CHECKING:
-    from .record import Recorder
+from .record import ENV as RECORD_ENV
+from .record import Recorder, RecordError, load_record
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Dispatcher:
         self._warned: set[str] = set()
         # Counts the problems served while a recording is on (fa_autotune.record,
         # FA_AUTOTUNE_RECORD); None otherwise, the one check the hot paths pay.
-        self.recorder: "Recorder | None" = None
+        self.recorder: Recorder | None = None
 
     def choose(self, problem: Problem, device_type: str, device_index: int) -> Choice:
         key = (problem, device_type, device_index)
@@ -280,8 +281,73 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
 
 
 DISPATCHER = Dispatcher()
-# FA_AUTOTUNE_RECORD=PATH: count what this process runs (a bad PATH is an error here, at the
-# first use of the dispatcher, rather than a lost recording at exit).
-from .record import start_from_environment  # noqa: E402 (needs DISPATCHER)
 
-start_from_environment()
+
+# ------------------------------------------------------------------ recording
+def start_recording(path: str | os.PathLike) -> Recorder:
+    """Count the problems :data:`DISPATCHER` serves from now on, for ``path`` (refused while
+    another recording is on, or when ``path`` holds something that is not a record file: it
+    could never be written)."""
+    recorder = Recorder(path, _served)
+    if recorder.path.is_dir():
+        raise RecordError(f"{recorder.path} is a directory; name a JSON file to record into")
+    if recorder.path.exists():
+        load_record(recorder.path)  # refused now, not at exit
+    with DISPATCHER._lock:
+        if DISPATCHER.recorder is not None:
+            raise RecordError(f"already recording to {DISPATCHER.recorder.path}; one recording at a time")
+        DISPATCHER.recorder = recorder
+    return recorder
+
+
+def stop_recording(recorder: Recorder) -> Path | None:
+    """Stop ``recorder`` and merge what it counted into its file (None when it counted nothing)."""
+    with DISPATCHER._lock:
+        if DISPATCHER.recorder is recorder:
+            DISPATCHER.recorder = None
+    return recorder.write() if recorder.counts() else None
+
+
+@contextmanager
+def record(path: str | os.PathLike) -> Iterator[Recorder]:
+    """Count the problems attention(), its backward and attention_with_kvcache run through
+    the dispatcher inside the block; on leaving it, merge them into the record file ``path``
+    for ``fa-autotune tune --recorded PATH`` (see :mod:`.record`)."""
+    recorder = start_recording(path)
+    try:
+        yield recorder
+    finally:
+        stop_recording(recorder)
+
+
+def _served(problem: Problem) -> tuple[str, str, str | None]:
+    """How the dispatcher answers ``problem`` (served, source, matched key): the choice it
+    made for it in this process (any device), else resolved now for the first GPU (or the
+    interpreter). "exact": a tuned entry of its own; "nearest": a neighbour's; "default"."""
+    choice = next((c for key, c in list(DISPATCHER._choices.items()) if len(key) == 3 and key[0] == problem), None)
+    if choice is None:
+        import torch
+
+        choice = DISPATCHER.choose(problem, "cuda" if torch.cuda.is_available() else "cpu", 0)
+    if choice.source == "default" or choice.matched is None:
+        served = "default"
+    else:
+        served = "exact" if choice.distance == 0 else "nearest"
+    return served, choice.source, choice.matched.key if choice.matched is not None else None
+
+
+def _record_from_environment() -> Recorder | None:
+    """``FA_AUTOTUNE_RECORD=PATH``: record for the life of the process, written at exit (a
+    bad PATH is an error here, at the dispatcher's first use, not a recording lost at exit)."""
+    path = os.environ.get(RECORD_ENV, "")
+    if not path:
+        return None
+    try:
+        recorder = start_recording(path)
+    except RecordError as exc:
+        raise RecordError(f"{RECORD_ENV}: {exc}") from None
+    atexit.register(recorder.write_at_exit)
+    return recorder
+
+
+_record_from_environment()

@@ -4,7 +4,8 @@ tunes exactly those (most-called and untuned first).
 
 Turned on by ``FA_AUTOTUNE_RECORD=PATH`` (read once, when the dispatcher is imported; the
 file is written at interpreter exit) or by ``with fa_autotune.record(PATH):`` (written on
-leaving the block). Counted: calls of ``attention`` (forward; the forward of a training
+leaving the block); both live in :mod:`.dispatch`, which holds the recorder, this module
+the counting and the file. Counted: calls of ``attention`` (forward; the forward of a training
 step too), ``attention_backward`` (what ``loss.backward()`` runs) and
 ``attention_with_kvcache`` that the dispatcher configures (``config=None``);
 ``attention_varlen`` and ``attention_fp8`` are not recorded. The count is a dict lookup
@@ -25,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import FaAutotuneError, InputError
 from ..spec.problem import Problem
@@ -63,8 +64,9 @@ class Recorded:
 class Recorder:
     """Per-problem call counts of one recording (thread-safe)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, serve: Callable[[Problem], tuple[str, str, str | None]]) -> None:
         self.path = Path(path).expanduser()
+        self._serve = serve  # problem -> (served, source, matched key): how the dispatcher answers it
         self._entries: dict[Problem, list] = {}  # problem -> [calls]
         self._by_id: dict[int, tuple[Problem, list]] = {}  # id(plan's problem) -> (it, its entry)
         self._lock = threading.Lock()
@@ -100,7 +102,7 @@ class Recorder:
 
     def recorded(self) -> list[Recorded]:
         """This recording's problems with how the dispatcher serves them now."""
-        return [_served(problem, calls) for problem, calls in self.counts().items()]
+        return [Recorded(problem, calls, *self._serve(problem)) for problem, calls in self.counts().items()]
 
     def write(self) -> Path:
         """Merge this recording into :attr:`path` (atomically) and return it."""
@@ -121,23 +123,6 @@ class Recorder:
             except Exception as second:
                 where = f"this run's counts are lost ({type(second).__name__}: {second})"
             print(f"fa_autotune: cannot record to {self.path}: {exc}; {where}", file=sys.stderr)
-
-
-def _served(problem: Problem, calls: int) -> Recorded:
-    """How the dispatcher answers ``problem``: the choice it made for it in this process
-    (any device), else resolved now for the first GPU (or the interpreter)."""
-    from .dispatch import DISPATCHER
-
-    choice = next((c for key, c in list(DISPATCHER._choices.items()) if len(key) == 3 and key[0] == problem), None)
-    if choice is None:
-        import torch
-
-        choice = DISPATCHER.choose(problem, "cuda" if torch.cuda.is_available() else "cpu", 0)
-    if choice.source == "default" or choice.matched is None:
-        served = "default"
-    else:
-        served = "exact" if choice.distance == 0 else "nearest"
-    return Recorded(problem, calls, served, choice.source, choice.matched.key if choice.matched is not None else None)
 
 
 # ------------------------------------------------------------------ the file
@@ -243,58 +228,6 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-# ------------------------------------------------------------------ turning it on
-def start(path: str | os.PathLike) -> Recorder:
-    """Record into ``path`` from now on (refused while another recording is on, or when
-    ``path`` holds something that is not a record file: it would never be written)."""
-    from .dispatch import DISPATCHER
-
-    recorder = Recorder(path)
-    if recorder.path.is_dir():
-        raise RecordError(f"{recorder.path} is a directory; name a JSON file to record into")
-    if recorder.path.exists():
-        load_record(recorder.path)  # refused now, not at exit
-    if DISPATCHER.recorder is not None:
-        raise RecordError(f"already recording to {DISPATCHER.recorder.path}; one recording at a time")
-    DISPATCHER.recorder = recorder
-    return recorder
-
-
-def stop(recorder: Recorder) -> Path | None:
-    """Stop ``recorder`` and write what it counted (None when it counted nothing)."""
-    from .dispatch import DISPATCHER
-
-    if DISPATCHER.recorder is recorder:
-        DISPATCHER.recorder = None
-    return recorder.write() if recorder.counts() else None
-
-
-@contextmanager
-def record(path: str | os.PathLike) -> Iterator[Recorder]:
-    """Count the problems the dispatcher serves inside the block; on leaving it, merge them
-    into the record file ``path`` for ``fa-autotune tune --recorded PATH``."""
-    recorder = start(path)
-    try:
-        yield recorder
-    finally:
-        stop(recorder)
-
-
-def start_from_environment() -> Recorder | None:
-    """``FA_AUTOTUNE_RECORD=PATH``: record for the life of the process, written at exit."""
-    import atexit
-
-    path = os.environ.get(ENV, "")
-    if not path:
-        return None
-    try:
-        recorder = start(path)
-    except RecordError as exc:
-        raise RecordError(f"{ENV}: {exc}") from None
-    atexit.register(recorder.write_at_exit)
-    return recorder
 
 
 def priority(recorded: list[Recorded]) -> list[Recorded]:

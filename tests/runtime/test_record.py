@@ -164,7 +164,7 @@ def test_recording_costs_under_a_microsecond_or_so_on_the_cached_path(tmp_path, 
     ((key, plan),) = api._PLANS.items()
     api._PLANS[key] = dataclasses.replace(plan, launch=lambda *args: None)
     call = lambda: fa_autotune.attention(q, k, v)  # noqa: E731
-    recorder = record.Recorder(tmp_path / "bench.json")
+    recorder = record.Recorder(tmp_path / "bench.json", dispatch._served)
     off, on = [], []
     for _ in range(7):
         dispatch.DISPATCHER.recorder = None
@@ -182,7 +182,7 @@ def test_recording_costs_under_a_microsecond_or_so_on_the_cached_path(tmp_path, 
 
 def test_at_exit_a_spoiled_file_is_kept_and_the_counts_go_beside_it(tmp_path, capsys):
     path = tmp_path / "workload.json"
-    recorder = record.Recorder(path)
+    recorder = record.Recorder(path, dispatch._served)
     recorder.count(TUNED)
     path.write_text("not json")
     recorder.write_at_exit()
@@ -196,7 +196,7 @@ def test_at_exit_a_spoiled_file_is_kept_and_the_counts_go_beside_it(tmp_path, ca
 def test_counts_from_many_threads_add_up(tmp_path):
     import threading
 
-    recorder = record.Recorder(tmp_path / "x.json")
+    recorder = record.Recorder(tmp_path / "x.json", dispatch._served)
     problems = [TUNED, OTHER]
 
     def work(i: int) -> None:
