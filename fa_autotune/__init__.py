@@ -18,7 +18,7 @@ from .spec.config import KernelConfig
 from .spec.problem import Problem
 
 __all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain", "quantize_fp8",
-           "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError", "__version__"]
+           "record", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError", "__version__"]
 
 
 def __dir__() -> list:
@@ -36,6 +36,10 @@ def __getattr__(name: str) -> _typing.Any:
         from .runtime.kvcache import attention_with_kvcache
 
         return attention_with_kvcache
+    if name == "record":
+        from .runtime.dispatch import record
+
+        return record
     if name == "quantize_fp8":
         from .fp8.quantize import quantize_fp8
 

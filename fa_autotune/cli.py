@@ -153,25 +153,43 @@ def _compile(args: argparse.Namespace) -> int:
 @command("tune")
 def _tune(args: argparse.Namespace) -> int:
     """Search kernel configs for problems on this GPU; every trial lands in the database."""
+    import dataclasses
+    import time
+
     from rich.console import Console
 
     from .store import safe_url
     from .tune.progress import RichReporter, summary_line, summary_table
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
-    if args.gpus:
+    if args.gpus and not args.dry_run:
         return _tune_on_gpus(args)
-    space = load_space(args.space)
     gpu = detect_gpu()
-    problems = _tune_problems(args, space, gpu)
+    groups = _tune_groups(args, gpu)
+    problems = [p for _, group in groups for p in group]
+    if args.dry_run:
+        print("\n".join(p.key for p in problems))
+        print(f"{len(problems)} problem(s); nothing tuned (--dry-run)", file=sys.stderr)
+        return 0
     _check_tunable(problems, gpu)
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler, seed=args.seed,
                           jobs=args.jobs or TuneOptions().jobs, study=args.study, retime_top=args.retime_top,
                           trial_timeout=args.trial_timeout, warm_start=not args.no_warm_start,
                           max_error=args.max_error, worker=args.worker_slot)
     db = _connect_to_write(args.db)
-    reporter = SilentReporter() if args.quiet else RichReporter()
-    outcomes = Tuner(db, space, gpu, detect_software(), options, reporter).tune(problems)
+    outcomes = []
+    deadline = time.monotonic() + args.time_budget if args.time_budget else None
+    for n, (space, group) in enumerate(groups):  # one search space per kernel family, in priority order
+        if deadline is not None:  # each group its share of what is left, as Tuner shares it by problem
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(f"Time budget spent: {sum(len(g) for _, g in groups[n:])} problem(s) not tuned",
+                      file=sys.stderr)
+                break
+            share = left * len(group) / sum(len(g) for _, g in groups[n:])
+            options = dataclasses.replace(options, time_budget=share)
+        reporter = SilentReporter() if args.quiet else RichReporter()  # one progress display per family
+        outcomes += Tuner(db, space, gpu, detect_software(), options, reporter).tune(group)
     console = Console()
     if console.is_terminal:
         console.print(summary_table(outcomes, gpu.is_interpreter))
@@ -181,7 +199,7 @@ def _tune(args: argparse.Namespace) -> int:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU: they are not speeds, "
               "so TFLOPS are shown as '-'.")
     print(f"Results: {safe_url(db.url)}")
-    return 0 if all(o.best is not None for o in outcomes) else 1
+    return 0 if outcomes and all(o.best is not None for o in outcomes) else 1
 
 
 def _connect_to_write(url: str | None):
@@ -237,9 +255,9 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
     from .tune.search import TuneOptions, settled, study_name, target_trials
 
     ids = _gpu_ids(args.gpus, torch.cuda.device_count())
-    space = load_space(args.space)
     gpu = detect_gpu(ids[0])
-    problems = _tune_problems(args, space, gpu)
+    groups = _tune_groups(args, gpu)
+    problems = [p for _, group in groups for p in group]
     _check_tunable(problems, gpu)
     # what a worker would refuse, refused once here, before any starts
     options = TuneOptions(trials=args.trials, time_budget=args.time_budget, sampler=args.sampler,
@@ -273,7 +291,8 @@ def _tune_on_gpus(args: argparse.Namespace) -> int:
         # grid search without --trials
         target = None if args.sampler == "grid" and not args.trials else target_trials(
             options, gpu.is_interpreter, sys.maxsize)
-        studies = {p.key: study_name(args.study, gpu, space.for_arch(gpu.arch), p) for p in problems}
+        studies = {p.key: study_name(args.study, gpu, space.for_arch(gpu.arch), p) for space, group in groups
+                   for p in group}
         names = list(studies.values())
 
         def poll(finished: bool = False) -> str | None:
@@ -336,6 +355,75 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
     return out
 
 
+# Flags that describe one problem or a preset's: --model and --recorded bring their own.
+_SHAPE_FLAGS = {"preset": "--preset", "match": "--match", "seqlen": "--seqlen", "seqlen_k": "--seqlen-k",
+                "heads": "--heads", "kv_heads": "--kv-heads", "head_dim": "--head-dim", "space": "--space"}
+_MODEL_FLAGS = {"seqlens": "--seqlens", "training": "--training", "serving": "--serving"}
+
+
+def _tune_groups(args: argparse.Namespace, gpu) -> list:
+    """What `tune` tunes, as (search space, problems) in order: the problems of --model's
+    config, of a --recorded workload (untuned and most-called first), or of a preset or
+    --seqlen; consecutive problems of one kind share their family's search space."""
+    from .runtime.record import load_record, priority
+    from .tune.workload import load_model, model_problems, parse_seqlens
+
+    source = "--model" if args.model else "--recorded" if args.recorded else None
+    if args.model and args.recorded:
+        raise FaAutotuneError("give either --model or --recorded, not both")
+    if source is None:
+        given = [flag for name, flag in _MODEL_FLAGS.items() if getattr(args, name)]
+        if given:
+            raise FaAutotuneError(f"{', '.join(given)} describe(s) a model's problems: use with --model CONFIG")
+        for name, value in (("batch", 1), ("heads", 16), ("head_dim", 128), ("dtype", "float16")):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        space = load_space(args.space or "fwd")
+        return [(space, _tune_problems(args, space, gpu))]
+    given = [flag for name, flag in _SHAPE_FLAGS.items() if getattr(args, name) is not None]
+    if source == "--recorded":
+        given += [flag for name, flag in _MODEL_FLAGS.items() if getattr(args, name)]
+        given += [flag for flag, value in (("--batch", args.batch), ("--dtype", args.dtype)) if value is not None]
+        given += [flag for flag, value in (("--page-size", args.page_size), ("--causal", args.causal)) if value]
+    if given:
+        raise FaAutotuneError(f"{source} brings its own problems (and search spaces, one per kernel family): drop "
+                              f"{', '.join(given)}")
+    if source == "--model":
+        model = load_model(args.model)
+        workload = model_problems(model, seqlens=parse_seqlens(args.seqlens) if args.seqlens else None,
+                                  batch=args.batch, dtype=_canonical(args.dtype), training=args.training,
+                                  serving=args.serving, page_size=args.page_size, interpreter=gpu.is_interpreter,
+                                  causal=True if args.causal else None)
+        print(f"{model.name}: {model.heads} heads, {model.kv_heads} KV heads, head dim {model.head_dim}, "
+              f"{'causal' if workload.problems[0].causal else 'full'} attention; {len(workload.problems)} problem(s)",
+              file=sys.stderr)
+        for note in workload.notes:
+            print(f"Note: {note}", file=sys.stderr)
+        problems = list(workload.problems)
+    else:
+        recorded = priority(load_record(args.recorded))
+        if not recorded:
+            raise FaAutotuneError(f"--recorded {args.recorded}: the record holds no problems")
+        untuned = sum(r.untuned for r in recorded)
+        print(f"{args.recorded}: {len(recorded)} recorded problem(s), {untuned} without a tuned entry of their own; "
+              "tuning untuned and most-called first", file=sys.stderr)
+        problems = [r.problem for r in recorded]
+    groups: list = []
+    for problem in problems:
+        if groups and groups[-1][0] == problem.kind:
+            groups[-1][1].append(problem)
+        else:
+            groups.append((problem.kind, [problem]))
+    spaces = {kind: load_space(kind) for kind in {kind for kind, _ in groups}}
+    return [(spaces[kind], group) for kind, group in groups]
+
+
+def _canonical(dtype: str | None) -> str | None:
+    from .spec.problem import canonical_dtype
+
+    return None if dtype is None else canonical_dtype(dtype)
+
+
 def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     if args.seqlen is not None:
         if args.preset:
@@ -344,7 +432,7 @@ def _tune_problems(args: argparse.Namespace, space, gpu) -> list:
     name = args.preset or ("smoke" if gpu.is_interpreter else "quick")
     if name not in space.presets:
         raise SearchSpaceError(f"unknown preset {_quote(name)} in {space.path}; available: "
-                               f"{', '.join(sorted(space.presets))}{_preset_elsewhere(name, args.space)}")
+                               f"{', '.join(sorted(space.presets))}{_preset_elsewhere(name, args.space or 'fwd')}")
     problems = list(space.presets[name].problems)
     return _matching(problems, args) if args.match else problems
 
@@ -640,8 +728,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
                                                   "comma-separated parts, e.g. d128,causal")
     add_problem_flags(p)
-    p.set_defaults(seqlen=None)
-    p.add_argument("--space", default="fwd", help="search space name (search_spaces/NAME.yaml) or a YAML path")
+    p.set_defaults(seqlen=None, batch=None, heads=None, head_dim=None, dtype=None)  # defaults: _tune_groups
+    p.add_argument("--space", default=None, help="search space name (search_spaces/NAME.yaml) or a YAML path "
+                                                  "(default fwd)")
+    g = p.add_argument_group("workload (instead of a preset or --seqlen)")
+    g.add_argument("--model", default=None, metavar="CONFIG",
+                   help="tune what a model runs: a Hugging Face config.json (a path, or a model id already in the "
+                        "local Hugging Face cache; nothing is downloaded); heads, KV heads, head dim and dtype "
+                        "come from it (--dtype overrides); --batch sets every problem's batch (default: 16384 "
+                        "tokens / seqlen; --serving: 1, 16 and 64 sequences)")
+    g.add_argument("--seqlens", default=None, help="--model: comma-separated sequence lengths (default 1024,4096,8192 "
+                                                   "up to the model's max_position_embeddings)")
+    g.add_argument("--training", action="store_true", help="--model: also the backward problems")
+    g.add_argument("--serving", action="store_true", help="--model: also KV-cache decode problems (one new token "
+                                                          "against each length as the cache; --page-size)")
+    g.add_argument("--recorded", default=None, metavar="PATH",
+                   help="tune the problems a workload ran (recorded with FA_AUTOTUNE_RECORD=PATH or "
+                        "fa_autotune.record(PATH)), untuned and most-called first, within --time-budget")
+    g.add_argument("--dry-run", action="store_true", help="print the problems that would be tuned, tune nothing")
     p.add_argument("--trials", type=_positive_int, default=None,
                    help="trials per problem (re-running continues up to this)")
     p.add_argument("--time-budget", type=_positive_float, default=None, help="seconds for the whole run")

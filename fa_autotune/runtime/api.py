@@ -114,6 +114,8 @@ def attention(
             plan = _make_plan(key, q, k, v, causal, scale, causal_align, return_lse)
         # Strides are part of the key; for TMA only the base addresses can still be misaligned.
         if plan.launch is not None and (not plan.tma or not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+            if DISPATCHER.recorder is not None:  # fa_autotune.record / FA_AUTOTUNE_RECORD
+                DISPATCHER.recorder.count(plan.problem)
             out = torch.empty_like(q)
             lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32) if return_lse else None
             plan.launch(q, k, v, out, lse)
@@ -276,14 +278,16 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
             raise InputError(f"the output gradient has shape {tuple(dout.shape)}, the output {tuple(out.shape)}")
         if not problem.is_empty:
             check_interpretable(q)
-        cached = (problem, None if problem.is_empty else _backward_config(problem.with_kind("bwd"), q, k, v, dout,
-                                                                          deterministic), None)
+        problem = problem.with_kind("bwd")  # the shapes, offsets and mask of the forward's, as recorded
+        cached = (problem, None if problem.is_empty else _backward_config(problem, q, k, v, dout, deterministic), None)
     if dlse is not None:
         _check_dlse(dlse, q)
     problem, config, plan = cached
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if config is None:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    if DISPATCHER.recorder is not None:
+        DISPATCHER.recorder.count(problem)
     try:
         if plan is None:
             plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
@@ -313,6 +317,8 @@ def _run_once(q, k, v, causal, scale, config, causal_align, return_lse):
     problem = _plain_problem(q, k, v, causal, causal_align)
     sm_scale = resolve_scale(scale, problem.head_dim)
     chosen = _dispatched(problem, q, k, v).config if config is None else KernelConfig.from_mapping(config)
+    if config is None and DISPATCHER.recorder is not None and not problem.is_empty:
+        DISPATCHER.recorder.count_by_value(problem)  # by value: this problem object is built per call
     check_config(chosen, problem, q, k, v)
     out, lse = allocate_outputs(q, problem, return_lse)
     run(chosen, problem, q, k, v, sm_scale, out, lse)

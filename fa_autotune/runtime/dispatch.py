@@ -1,21 +1,26 @@
 """Which config runs a problem: the lookup chain behind ``attention(config=None)``.
 
 First hit wins: in-process cache -> local results database -> exported files (each
-directory of ``FA_AUTOTUNE_CONFIG_DIR``) -> the files shipped in ``tuning_db/`` -> the
-built-in default. Each source is a :class:`~fa_autotune.spec.tuned.Tuned` (its exact problem,
-then the nearest tuned one); the database is read through :mod:`fa_autotune.store`, files
+directory of ``FA_AUTOTUNE_CONFIG_DIR``) -> the files shipped in ``tuning_db/`` -> for a
+kernel family this GPU has no shipped file of, the shipped file of the nearest GPU of the
+same compute capability (source "shipped (nearest GPU: NAME)") -> the built-in default.
+Each source is a :class:`~fa_autotune.spec.tuned.Tuned` (its exact problem, then the
+nearest tuned one); the database is read through :mod:`fa_autotune.store`, files
 through :mod:`.files`. Sources are read once per process and device, on the first call that
 needs them; after the first call for a problem the answer is a dict lookup. It never tunes.
 ``FA_AUTOTUNE_DISABLE_TUNED=1`` forces the defaults.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import triton
 
@@ -27,6 +32,8 @@ from ..spec.problem import TOLERANCE, Problem, distance, nearest
 from ..spec.target import GpuInfo, detect_gpu, interpreter_gpu
 from ..spec.tuned import FrontPoint, Recipe, Tuned
 from . import files
+from .record import ENV as RECORD_ENV
+from .record import Recorder, RecordError, load_record
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class Choice:
     """A config and where it came from."""
 
     config: KernelConfig
-    source: str  # database, exported, shipped, pareto (an FP8 front) or default
+    source: str  # database, exported, shipped, "shipped (nearest GPU: NAME)", pareto (an FP8 front) or default
     matched: Problem | None  # the tuned problem whose config this is (None for the default)
     distance: float
     origin: str  # database URL, file path, or "built-in"
@@ -42,7 +49,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class _Source:
-    kind: str  # database, exported or shipped
+    kind: str  # database, exported, shipped or "shipped (nearest GPU: NAME)"
     tuned: Tuned
 
 
@@ -54,6 +61,9 @@ class Dispatcher:
         self._sources: dict[tuple[str, int], list[_Source]] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        # Counts the problems served while a recording is on (fa_autotune.record,
+        # FA_AUTOTUNE_RECORD); None otherwise, the one check the hot paths pay.
+        self.recorder: Recorder | None = None
 
     def choose(self, problem: Problem, device_type: str, device_index: int) -> Choice:
         key = (problem, device_type, device_index)
@@ -153,7 +163,13 @@ class Dispatcher:
             for directory in _config_dirs():
                 sources += _file_source(directory, gpu, "exported", self._warn_once)
             sources += _file_source(_shipped_dir(), gpu, "shipped", self._warn_once)
-            self._sources[key] = sources
+            borrowed = _nearest_shipped(_shipped_dir(), gpu, self._warn_once)
+            if borrowed and not any(s.tuned.winners for s in sources):
+                names = sorted({s.tuned.gpu.name for s in borrowed})
+                self._warn_once(f"no tuned configs for {gpu.name} (sm_{gpu.capability}); using those shipped for "
+                                f"{' and '.join(names)}, the nearest GPU of its compute capability. Run "
+                                "`fa-autotune tune` on this GPU to tune it.")
+            self._sources[key] = sources + borrowed
         return self._sources[key]
 
     def _warn_once(self, message: str) -> None:
@@ -208,6 +224,42 @@ def _family_source(directory: Path, gpu: GpuInfo, family: str, kind: str, warn) 
     return [_Source(kind, tuned)]
 
 
+def _nearest_shipped(directory: Path, gpu: GpuInfo, warn) -> list[_Source]:
+    """For each kernel family this GPU has no file of in ``directory``: the file there of the
+    nearest other GPU model of the same compute capability (:func:`gpu_distance`), so a GPU
+    nobody tuned yet starts from configs measured on a close relative rather than from the
+    defaults. Its own database and exported files still come first."""
+    if gpu.is_interpreter:  # the interpreter has no relatives: its timings mean nothing elsewhere
+        return []
+    sources = []
+    for family in files.FAMILIES:
+        if any((directory / name).is_file() for name in files.file_names(gpu, family)):
+            continue  # its own file (used, or refused with a warning) is the one to read
+        candidates = []
+        for path in sorted(directory.glob(f"*.{family}.json")):
+            try:
+                tuned = files.load(path)
+            except Exception as exc:  # a bad file must not break attention()
+                warn(f"ignoring {path}: {type(exc).__name__}: {exc}")
+                continue
+            if tuned.gpu.capability == gpu.capability and not tuned.gpu.same_model(gpu) and tuned.winners:
+                candidates.append((gpu_distance(gpu, tuned.gpu), tuned.gpu.name, str(path), tuned))
+        if candidates:
+            tuned = min(candidates, key=lambda c: c[:3])[3]
+            sources.append(_Source(f"shipped (nearest GPU: {tuned.gpu.name})", tuned))
+    return sources
+
+
+def gpu_distance(a: GpuInfo, b: GpuInfo) -> float:
+    """How unlike two GPU models of one compute capability are, from what a tuned file
+    records of its GPU: ``|log2 SM ratio| + 0.5 * |log2 memory ratio|`` (SM count decides how a
+    grid fills the GPU; memory size stands in for bandwidth, which the files do not record)."""
+    def log_ratio(x: int, y: int) -> float:
+        return abs(math.log2(max(x, 1) / max(y, 1)))
+
+    return log_ratio(a.sm_count, b.sm_count) + 0.5 * log_ratio(a.memory_mb, b.memory_mb)
+
+
 def _database(gpu: GpuInfo, warn) -> Tuned | None:
     """What the local database knows for this GPU (this Triton version's decisions over
     others'), or None when there is no database or it cannot be read (warned)."""
@@ -229,3 +281,73 @@ def _database(gpu: GpuInfo, warn) -> Tuned | None:
 
 
 DISPATCHER = Dispatcher()
+
+
+# ------------------------------------------------------------------ recording
+def start_recording(path: str | os.PathLike) -> Recorder:
+    """Count the problems :data:`DISPATCHER` serves from now on, for ``path`` (refused while
+    another recording is on, or when ``path`` holds something that is not a record file: it
+    could never be written)."""
+    recorder = Recorder(path, _served)
+    if recorder.path.is_dir():
+        raise RecordError(f"{recorder.path} is a directory; name a JSON file to record into")
+    if recorder.path.exists():
+        load_record(recorder.path)  # refused now, not at exit
+    with DISPATCHER._lock:
+        if DISPATCHER.recorder is not None:
+            raise RecordError(f"already recording to {DISPATCHER.recorder.path}; one recording at a time")
+        DISPATCHER.recorder = recorder
+    return recorder
+
+
+def stop_recording(recorder: Recorder) -> Path | None:
+    """Stop ``recorder`` and merge what it counted into its file (None when it counted nothing)."""
+    with DISPATCHER._lock:
+        if DISPATCHER.recorder is recorder:
+            DISPATCHER.recorder = None
+    return recorder.write() if recorder.counts() else None
+
+
+@contextmanager
+def record(path: str | os.PathLike) -> Iterator[Recorder]:
+    """Count the problems attention(), its backward and attention_with_kvcache run through
+    the dispatcher inside the block; on leaving it, merge them into the record file ``path``
+    for ``fa-autotune tune --recorded PATH`` (see :mod:`.record`)."""
+    recorder = start_recording(path)
+    try:
+        yield recorder
+    finally:
+        stop_recording(recorder)
+
+
+def _served(problem: Problem) -> tuple[str, str, str | None]:
+    """How the dispatcher answers ``problem`` (served, source, matched key): the choice it
+    made for it in this process (any device), else resolved now for the first GPU (or the
+    interpreter). "exact": a tuned entry of its own; "nearest": a neighbour's; "default"."""
+    choice = next((c for key, c in list(DISPATCHER._choices.items()) if len(key) == 3 and key[0] == problem), None)
+    if choice is None:
+        import torch
+
+        choice = DISPATCHER.choose(problem, "cuda" if torch.cuda.is_available() else "cpu", 0)
+    if choice.source == "default" or choice.matched is None:
+        served = "default"
+    else:
+        served = "exact" if choice.distance == 0 else "nearest"
+    return served, choice.source, choice.matched.key if choice.matched is not None else None
+
+
+def _record_from_environment() -> Recorder | None:
+    """``FA_AUTOTUNE_RECORD=PATH``: record for the life of the process, written at exit (a
+    bad PATH is an error here, at the dispatcher's first use, not a recording lost at exit)."""
+    path = os.environ.get(RECORD_ENV, "")
+    if not path:
+        return None
+    try:
+        recorder = start_recording(path)
+    except RecordError as exc:
+        raise RecordError(f"{RECORD_ENV}: {exc}") from None
+    atexit.register(recorder.write_at_exit)
+    return recorder
+
+
+_record_from_environment()

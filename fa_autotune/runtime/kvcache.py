@@ -345,6 +345,8 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
         chosen = KernelConfig.from_mapping(config)
     else:
         chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
+        if DISPATCHER.recorder is not None:  # fa_autotune.record / FA_AUTOTUNE_RECORD
+            DISPATCHER.recorder.count_by_value(problem)
         if chosen.loop_order != "decode":  # a foreign config in a tuned file: the built-in one
             gpu = gpu_of(q.device.type, q.device.index or 0)
             chosen = decode_default(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
