@@ -728,7 +728,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--match", default=None, help="only the preset's problems whose key contains each of these "
                                                   "comma-separated parts, e.g. d128,causal")
     add_problem_flags(p)
-    p.set_defaults(seqlen=None, batch=None, heads=None, head_dim=None, dtype=None)  # defaults: _tune_groups
+    # None here so that --model can tell a flag given from its default (_tune_groups fills them
+    # in); the help still says what a plain --seqlen run uses.
+    shown = {action.dest: action.default for action in p._actions
+             if action.dest in ("batch", "heads", "head_dim", "dtype")}
+    p.set_defaults(seqlen=None, batch=None, heads=None, head_dim=None, dtype=None)
+    for action in p._actions:
+        if action.dest in shown:
+            model = "16384 tokens per sequence length" if action.dest == "batch" else "the config's"
+            action.help = f"{action.help} (default: {shown[action.dest]}; with --model: {model})"
     p.add_argument("--space", default=None, help="search space name (search_spaces/NAME.yaml) or a YAML path "
                                                   "(default fwd)")
     g = p.add_argument_group("workload (instead of a preset or --seqlen)")

@@ -488,7 +488,7 @@ def test_every_command_has_a_description_defaults_and_examples_in_its_help(comma
 
 def test_tune_help_shows_numeric_defaults(capsys):
     text = " ".join(here(capsys, "tune", "--help").stdout.split())
-    assert "head dimension D (default: 128)" in text and "(default: 180.0)" in text
+    assert "head dimension D (default: 128; with --model: the config's)" in text and "(default: 180.0)" in text
 
 
 def test_causal_is_a_flag_in_every_command(tmp_path, db_url, capsys):
