@@ -15,7 +15,8 @@ from fa_autotune.runtime.api import attention_backward
 from fa_autotune.spec.config import KernelConfig
 
 
-def reference(q, k, v, causal=False, causal_align="top_left", scale=None):
+def scores_and_values(q, k, v, causal=False, causal_align="top_left", scale=None):
+    """The scaled, masked scores Q K^T and V with K/V heads repeated for GQA, in plain PyTorch."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
@@ -24,6 +25,11 @@ def reference(q, k, v, causal=False, causal_align="top_left", scale=None):
         offset = n_k - n_q if causal_align == "bottom_right" else 0
         visible = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + offset
         scores = scores.masked_fill(~visible, -math.inf)
+    return scores, v
+
+
+def reference(q, k, v, causal=False, causal_align="top_left", scale=None):
+    scores, v = scores_and_values(q, k, v, causal, causal_align, scale)
     return torch.softmax(scores, -1).nan_to_num(0.0) @ v
 
 
@@ -345,14 +351,7 @@ def test_gluon_backward_refuses_what_it_cannot_run(device):
 
 def reference_with_lse(q, k, v, causal=False, causal_align="top_left", scale=None):
     """The output and the natural-log LSE of each row, through plain PyTorch (float32)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if causal:
-        n_q, n_k = q.shape[2], k.shape[2]
-        offset = n_k - n_q if causal_align == "bottom_right" else 0
-        visible = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + offset
-        scores = scores.masked_fill(~visible, -math.inf)
+    scores, v = scores_and_values(q, k, v, causal, causal_align, scale)
     return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
 
 
