@@ -375,7 +375,8 @@ def _tune_groups(args: argparse.Namespace, gpu) -> list:
         given = [flag for name, flag in _MODEL_FLAGS.items() if getattr(args, name)]
         if given:
             raise FaAutotuneError(f"{', '.join(given)} describe(s) a model's problems: use with --model CONFIG")
-        for name, value in (("batch", 1), ("heads", 16), ("head_dim", 128), ("dtype", "float16")):
+        for name, value in (("batch", 1), ("heads", 16), ("head_dim", 128), ("dtype", "float16"), ("causal", False),
+                            ("causal_align", "top_left")):
             if getattr(args, name) is None:
                 setattr(args, name, value)
         space = load_space(args.space or "fwd")
@@ -384,7 +385,9 @@ def _tune_groups(args: argparse.Namespace, gpu) -> list:
     if source == "--recorded":
         given += [flag for name, flag in _MODEL_FLAGS.items() if getattr(args, name)]
         given += [flag for flag, value in (("--batch", args.batch), ("--dtype", args.dtype)) if value is not None]
-        given += [flag for flag, value in (("--page-size", args.page_size), ("--causal", args.causal)) if value]
+        given += [flag for flag, value in (("--page-size", args.page_size),) if value]
+        given += ["--causal" if args.causal else "--no-causal"] if args.causal is not None else []
+    given += ["--causal-align"] if args.causal_align is not None else []  # the model's or the record's alignment
     if given:
         raise FaAutotuneError(f"{source} brings its own problems (and search spaces, one per kernel family): drop "
                               f"{', '.join(given)}")
@@ -393,7 +396,7 @@ def _tune_groups(args: argparse.Namespace, gpu) -> list:
         workload = model_problems(model, seqlens=parse_seqlens(args.seqlens) if args.seqlens else None,
                                   batch=args.batch, dtype=_canonical(args.dtype), training=args.training,
                                   serving=args.serving, page_size=args.page_size, interpreter=gpu.is_interpreter,
-                                  causal=True if args.causal else None)
+                                  causal=args.causal)
         print(f"{model.name}: {model.heads} heads, {model.kv_heads} KV heads, head dim {model.head_dim}, "
               f"{'causal' if workload.problems[0].causal else 'full'} attention; {len(workload.problems)} problem(s)",
               file=sys.stderr)
@@ -732,11 +735,15 @@ def build_parser() -> argparse.ArgumentParser:
     # in); the help still says what a plain --seqlen run uses.
     shown = {action.dest: action.default for action in p._actions
              if action.dest in ("batch", "heads", "head_dim", "dtype")}
-    p.set_defaults(seqlen=None, batch=None, heads=None, head_dim=None, dtype=None)
+    p.set_defaults(seqlen=None, batch=None, heads=None, head_dim=None, dtype=None, causal=None, causal_align=None)
     for action in p._actions:
         if action.dest in shown:
             model = "16384 tokens per sequence length" if action.dest == "batch" else "the config's"
             action.help = f"{action.help} (default: {shown[action.dest]}; with --model: {model})"
+        elif action.dest == "causal":
+            action.help = "a causal mask; --no-causal: none (default: none; with --model: causal for decoder models)"
+        elif action.dest == "causal_align":
+            action.help += " (default: top_left; --model and --recorded bring their own)"
     p.add_argument("--space", default=None, help="search space name (search_spaces/NAME.yaml) or a YAML path "
                                                   "(default fwd)")
     g = p.add_argument_group("workload (instead of a preset or --seqlen)")

@@ -48,11 +48,15 @@ def cache_root() -> Path:
     """The per-user cache dir of fa_autotune: ``$XDG_CACHE_HOME/fa_autotune`` where that is
     set, on any platform (tests and CI isolate their state so), else the platform's user cache
     dir (platformdirs: ``~/.cache/fa_autotune`` on Linux, as before; ``~/Library/Caches`` on
-    macOS, ``%LOCALAPPDATA%`` on Windows)."""
+    macOS, ``%LOCALAPPDATA%`` on Windows), except that a ``~/.cache/fa_autotune`` written by an
+    earlier version keeps serving while the platform's folder does not exist yet (its tuned
+    results would otherwise silently stop being used)."""
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:
         return Path(xdg) / APP
-    return platformdirs.user_cache_path(APP, appauthor=False)
+    legacy = Path.home() / ".cache" / APP  # where versions before 0.2.0 kept state on every platform
+    platform = platformdirs.user_cache_path(APP, appauthor=False)
+    return legacy if legacy != platform and legacy.is_dir() and not platform.exists() else platform
 
 
 def kernel_cache_dir() -> Path:

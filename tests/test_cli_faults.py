@@ -57,6 +57,8 @@ def test_safe_url_masks_every_secret_form():
     assert "pw1234" not in shown and "abcd1234" not in shown and ".pgpass" not in shown
     assert "sslmode=require" in shown and "u:***@h/db" in shown
     assert scrub(f"driver said: bad password abcd1234 for {url}", url) == f"driver said: bad password *** for {shown}"
+    encoded = "postgresql+psycopg://u:p%40ss@h/db"  # the password p@ss, as written in the URL
+    assert scrub("password p@ss wrong, dsn had p%40ss", encoded) == "password *** wrong, dsn had ***"
 
 
 # ------------------------------------------------------------------ files beside the database

@@ -46,3 +46,18 @@ def test_fa_autotune_variables_override_the_cache_dir(clean_env, monkeypatch, tm
     assert paths.default_db_url() == "postgresql://host/db"
     assert paths.cache_root() == tmp_path / "xdg" / "fa_autotune"  # the rest stays put
 
+
+
+def test_an_earlier_versions_cache_keeps_serving_where_the_platform_puts_it_elsewhere(clean_env, monkeypatch,
+                                                                                        tmp_path):
+    """On macOS and Windows platformdirs' folder is not ~/.cache/fa_autotune: while that folder
+    does not exist yet, the ~/.cache/fa_autotune an earlier version wrote (its database of
+    tuned results) keeps being used; once it exists, or with no legacy folder, the platform's."""
+    platform = tmp_path / "Library" / "Caches" / "fa_autotune"
+    monkeypatch.setattr(paths.platformdirs, "user_cache_path", lambda app, appauthor=False: platform)
+    legacy = clean_env / ".cache" / "fa_autotune"
+    assert paths.cache_root() == platform  # nothing written before
+    legacy.mkdir(parents=True)
+    assert paths.cache_root() == legacy
+    platform.mkdir(parents=True)
+    assert paths.cache_root() == platform

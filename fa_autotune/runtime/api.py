@@ -565,7 +565,9 @@ def attention_varlen(
     (out, lse, None) as flash-attn's (out, softmax_lse, S_dmask) minus the probabilities;
     dropout, sliding windows, softcapping and ALiBi are refused with an InputError. SDPA's
     names ``scale`` (``softmax_scale``) and ``is_causal`` (``causal``) are taken too (an
-    option and its alias together raise); ``causal=None`` is False."""
+    option and its alias together raise); ``causal=None`` is False. ``is_causal`` keeps this
+    function's bottom-right diagonal (SDPA's is top-left: they differ where a sequence's query
+    and key lengths differ)."""
     softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
     causal = sdpa_alias("causal", causal, "is_causal", is_causal)
     causal = False if causal is None else causal

@@ -36,6 +36,9 @@ from .record import ENV as RECORD_ENV
 from .record import Recorder, RecordError, load_record
 
 
+NEAREST_GPU_SOURCE = "shipped (nearest GPU: "  # a Choice's source when another GPU's shipped file answered
+
+
 @dataclass(frozen=True)
 class Choice:
     """A config and where it came from."""
@@ -246,7 +249,7 @@ def _nearest_shipped(directory: Path, gpu: GpuInfo, warn) -> list[_Source]:
                 candidates.append((gpu_distance(gpu, tuned.gpu), tuned.gpu.name, str(path), tuned))
         if candidates:
             tuned = min(candidates, key=lambda c: c[:3])[3]
-            sources.append(_Source(f"shipped (nearest GPU: {tuned.gpu.name})", tuned))
+            sources.append(_Source(f"{NEAREST_GPU_SOURCE}{tuned.gpu.name})", tuned))
     return sources
 
 
@@ -323,7 +326,9 @@ def record(path: str | os.PathLike) -> Iterator[Recorder]:
 def _served(problem: Problem) -> tuple[str, str, str | None]:
     """How the dispatcher answers ``problem`` (served, source, matched key): the choice it
     made for it in this process (any device), else resolved now for the first GPU (or the
-    interpreter). "exact": a tuned entry of its own; "nearest": a neighbour's; "default"."""
+    interpreter). "exact": a tuned entry of its own on this GPU; "nearest": a neighbouring
+    problem's, or another GPU's (the nearest GPU's shipped file, even for this very problem);
+    "default"."""
     choice = next((c for key, c in list(DISPATCHER._choices.items()) if len(key) == 3 and key[0] == problem), None)
     if choice is None:
         import torch
@@ -332,7 +337,8 @@ def _served(problem: Problem) -> tuple[str, str, str | None]:
     if choice.source == "default" or choice.matched is None:
         served = "default"
     else:
-        served = "exact" if choice.distance == 0 else "nearest"
+        borrowed = choice.source.startswith(NEAREST_GPU_SOURCE)
+        served = "exact" if choice.distance == 0 and not borrowed else "nearest"
     return served, choice.source, choice.matched.key if choice.matched is not None else None
 
 

@@ -79,7 +79,8 @@ def attention_with_kvcache(
     cache_leftpad, window_size, softcap, alibi_slopes) raise when set rather than being
     ignored. SDPA's names ``scale`` (``softmax_scale``) and
     ``is_causal`` (``causal``) are taken too (an option and its alias together raise);
-    ``causal=None`` is False.
+    ``causal=None`` is False. ``is_causal`` keeps flash-attn's bottom-right diagonal here
+    (SDPA's is top-left: they differ wherever the query and key lengths differ).
     """
     softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
     causal = sdpa_alias("causal", causal, "is_causal", is_causal)

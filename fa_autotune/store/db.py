@@ -61,6 +61,8 @@ def scrub(message: str, url: str) -> str:
     for key, value in parsed.query.items():
         if _SECRET_PARAM.search(key):
             secrets += [value] if isinstance(value, str) else list(value)
+    # as written in the URL too: a driver may echo its percent-encoded form (p%40ss for p@ss)
+    secrets += [urllib.parse.quote(str(s), safe="") for s in secrets if s]
     for secret in sorted({str(s) for s in secrets if s}, key=len, reverse=True):
         message = message.replace(secret, _MASK)
     return message

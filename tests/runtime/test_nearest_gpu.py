@@ -107,3 +107,11 @@ def test_no_relative_of_the_capability_means_defaults(shipped, monkeypatch):
 
 def test_the_interpreter_never_borrows(shipped):
     assert dispatch.DISPATCHER.choose(P128.with_dtype("float16"), "cpu", 0).source == "default"
+
+
+def test_a_borrowed_entry_is_recorded_as_not_tuned_here(shipped):
+    """Recording on a GPU that borrows the nearest GPU's file marks even an exact-shape entry
+    as borrowed ("nearest", untuned), so `tune --recorded` tunes it first."""
+    dispatch.DISPATCHER.choose(P128, "cuda", 0)
+    served, source, matched = dispatch._served(P128)
+    assert (served, source, matched) == ("nearest", "shipped (nearest GPU: NVIDIA H200)", P128.key)

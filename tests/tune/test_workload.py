@@ -167,6 +167,7 @@ def test_dry_run_lists_the_problems_and_tunes_nothing(tmp_path, capsys):
     (["--page-size", "16"], "add --serving"),
     (["--seqlens", "1024,x"], "--seqlens takes comma-separated positive integers"),
     (["--seqlens", "0"], "--seqlens takes comma-separated positive integers"),
+    (["--causal-align", "bottom_right"], "drop --causal-align"),
 ])
 def test_conflicting_flags_are_one_line_errors(tmp_path, capsys, args, message):
     code, _, err = here(capsys, "tune", "--model", str(config(tmp_path, LLAMA3_8B)), "--dry-run", *args)
@@ -258,3 +259,19 @@ def test_model_tune_on_several_gpus_shares_one_study_per_problem(tmp_path, env, 
     done = re.search(r"Done: (\d+)/(\d+) configs settled by 2 workers, (\d+)/(\d+) problems searched", out)
     assert done and done[4] == "2" and done[3] == "2", out
     assert "_bwd; best config: attn_bwd_" in out and "causal-top_left; best config: attn_fwd_" in out
+
+
+def test_no_causal_overrides_a_decoder_models_mask(tmp_path, capsys):
+    """--no-causal on a decoder model tunes its problems without a mask (the flag is not lost
+    behind the model's own default); --recorded refuses both spellings, its problems carry
+    their masks."""
+    code, out, _ = here(capsys, "tune", "--model", str(config(tmp_path, LLAMA3_8B)), "--seqlens", "1024", "--dry-run",
+                        "--no-causal")
+    assert code == 0 and out.split() and all(key.endswith("_full") for key in out.split()), out
+    code, out, _ = here(capsys, "tune", "--model", str(config(tmp_path, LLAMA3_8B)), "--seqlens", "1024", "--dry-run")
+    assert code == 0 and all("_causal-" in key for key in out.split()), out
+    fwd = Problem(1, 2, 2, 32, 32, 16, "float16")
+    path = record.write_record(tmp_path / "rec.json", [record.Recorded(fwd, 5, "default", "default", None)])
+    for flag in ("--causal", "--no-causal"):
+        code, _, err = here(capsys, "tune", "--recorded", str(path), "--dry-run", flag)
+        assert code == 2 and f"drop {flag}" in err, err
