@@ -509,12 +509,15 @@ def test_causal_is_a_flag_in_every_command(tmp_path, db_url, capsys):
     assert here(capsys, "query", "--no-causal", "best", "--db", db_url, "--format", "csv").returncode == 0
     bad = here(capsys, "query", "best", "--db", db_url, "--causal=maybe")
     assert bad.returncode == 2 and "--causal" in bad.stderr and "Traceback" not in bad.stderr
-    # tune: --no-causal is the default spelled out, and `--causal true` a causal problem, not an error
+    # tune: not given is None (a plain tune fills in no mask, --model the model's own), and
+    # `--causal true` a causal problem, not an error
     from fa_autotune.cli import build_parser, _causal_spelling
 
     parse = lambda *a: build_parser().parse_args(_causal_spelling(["tune", *TINY, *a]))  # noqa: E731
-    assert parse("--no-causal").causal is False and parse().causal is False
+    assert parse("--no-causal").causal is False and parse().causal is None
     assert parse("--causal").causal is True and parse("--causal", "true").causal is True
+    plain = here(capsys, "tune", *TINY, "--dry-run")
+    assert plain.returncode == 0 and plain.stdout.split() and all(k.endswith("_full") for k in plain.stdout.split())
 
 
 TWO_CONFIGS = """\
