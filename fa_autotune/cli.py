@@ -88,17 +88,9 @@ def config_from_args(args: argparse.Namespace):
 def _read_text(path: str, flag: str, limit: int) -> str:
     """A small UTF-8 text file named on the command line: a missing file, a directory, a
     binary file or one past ``limit`` bytes is a one-line error naming ``flag``."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(limit + 1)
-    except OSError as exc:
-        raise FaAutotuneError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > limit:
-        raise FaAutotuneError(f"{flag} {path}: larger than {limit // 1024} KiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FaAutotuneError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+    from .paths import read_small_text
+
+    return read_small_text(path, limit, FaAutotuneError, f"{flag} {path}")
 
 
 def _out_dir(path: str) -> Path:

@@ -68,3 +68,21 @@ def kernel_cache_dir() -> Path:
 def default_db_url() -> str:
     """The results database: ``FA_AUTOTUNE_DB``, else a SQLite file in the user cache dir."""
     return os.environ.get("FA_AUTOTUNE_DB") or f"sqlite:///{cache_root() / 'tuning.sqlite'}"
+
+
+def read_small_text(path: str | os.PathLike, limit: int, error: type[Exception], label: str,
+                    too_large: str = "") -> str:
+    """A small UTF-8 text file a user named (a config, a search space): unreadable, past
+    ``limit`` bytes or not UTF-8 raises ``error`` with a one-line message starting ``label``;
+    at most ``limit + 1`` bytes are read, so a huge file costs nothing."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise error(f"{label}: larger than {limit // 1024} KiB{too_large}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{label}: not UTF-8 text (byte {exc.start})") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ConfigError, InputError, SearchSpaceError, one_line
-from ..paths import data_dir
+from ..paths import data_dir, read_small_text
 from .config import GLUON_FIELDS, STRUCTURE_DEFAULTS, KernelConfig
 from .problem import Problem
 
@@ -302,17 +302,8 @@ def load_space(name_or_path: str | Path = "fwd") -> SearchSpace:
         path = data_dir("search_spaces") / f"{name_or_path}.yaml"
     if not path.is_file():
         raise SearchSpaceError(f"search space file {path} does not exist")
-    try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_SPACE_BYTES + 1)
-    except OSError as exc:
-        raise SearchSpaceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > MAX_SPACE_BYTES:
-        raise SearchSpaceError(f"{path}: larger than {MAX_SPACE_BYTES // 1024} KiB; a search space is a few KiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SearchSpaceError(f"{path}: not UTF-8 text (byte {exc.start}); save the YAML as UTF-8") from None
+    text = read_small_text(path, MAX_SPACE_BYTES, SearchSpaceError, str(path),
+                           "; a search space is a few KiB")
     return parse_space(text, str(path))
 
 
