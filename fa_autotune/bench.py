@@ -43,7 +43,7 @@ from .spec.space import load_space
 from .spec.target import detect_gpu, detect_software, environment
 from .store import connect
 from .tune.inputs import TrialInputs, random_inputs
-from .tune.measure import time_callable
+from .tune.measure import sdpa_call, time_callable
 from .tune.reference import compare, compare_all, reference_attention, reference_gradients
 from .tune.search import TuneOptions, Tuner
 
@@ -117,20 +117,6 @@ def config_call(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[],
 
 
 _prepared = config_call  # the earlier private name, for callers outside this repository
-
-
-def sdpa_call(backend: str, problem: Problem, q, k, v):
-    """SDPA restricted to one backend: (call, context factory that selects the backend)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-              "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
-    gqa = problem.heads_q != problem.heads_kv
-
-    def call():
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=gqa)
-
-    return call, (lambda: sdpa_kernel([chosen]))
 
 
 def _flex(problem: Problem, q, k, v):

@@ -151,7 +151,8 @@ def _tune(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .store import safe_url
-    from .tune.progress import RichReporter, summary_line, summary_table
+    from .runtime.dispatch import shipped_baseline
+    from .tune.progress import RichReporter, summary_line, summary_table, summary_total
     from .tune.search import SilentReporter, TuneOptions, Tuner
 
     if args.gpus and not args.dry_run:
@@ -181,12 +182,15 @@ def _tune(args: argparse.Namespace) -> int:
             share = left * len(group) / sum(len(g) for _, g in groups[n:])
             options = dataclasses.replace(options, time_budget=share)
         reporter = SilentReporter() if args.quiet else RichReporter()  # one progress display per family
-        outcomes += Tuner(db, space, gpu, detect_software(), options, reporter).tune(group)
+        outcomes += Tuner(db, space, gpu, detect_software(), options, reporter, baseline=shipped_baseline).tune(group)
     console = Console()
     if console.is_terminal:
         console.print(summary_table(outcomes, gpu.is_interpreter))
     else:  # a log: one plain line per problem, nothing folded
         print("\n".join(summary_line(o, gpu.is_interpreter) for o in outcomes))
+    total = summary_total(outcomes, gpu.is_interpreter)
+    if total:
+        print(total)
     if gpu.is_interpreter:
         print("Note: no GPU here; the timings above come from Triton's interpreter, not a GPU: they are not speeds, "
               "so TFLOPS are shown as '-'.")

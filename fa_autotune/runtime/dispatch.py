@@ -181,6 +181,23 @@ class Dispatcher:
             warnings.warn(f"fa_autotune: {message}", RuntimeWarning, stacklevel=6)
 
 
+def shipped_baseline(problem: Problem, gpu: GpuInfo) -> tuple[KernelConfig, str]:
+    """What a fresh install runs for ``problem`` on ``gpu`` (no database, no exported files):
+    the shipped file's winner for it or its nearest tuned problem (this GPU's file, else the
+    nearest GPU's), else the built-in default; with where it comes from. `tune` reports its
+    winners against it."""
+    if not _tuned_disabled():
+        def quiet(message: str) -> None:  # a bad shipped file is the dispatcher's to report
+            pass
+
+        directory = _shipped_dir()
+        for source in _file_source(directory, gpu, "shipped", quiet) + _nearest_shipped(directory, gpu, quiet):
+            found = source.tuned.winner_for(problem)
+            if found is not None:
+                return found[0].config, source.kind
+    return default_for(problem, gpu), "default"
+
+
 def gpu_of(device_type: str, device_index: int) -> GpuInfo:
     """What a tensor's device runs on: its GPU, or the interpreter for CPU tensors."""
     return detect_gpu(device_index) if device_type == "cuda" else interpreter_gpu()

@@ -256,27 +256,36 @@ class SearchSpace:
 
     def grid(self, problem: Problem) -> list[KernelConfig]:
         """Every config of the space that satisfies the constraints on ``problem``."""
-        out: list[KernelConfig] = []
-        for params in self._walk(problem, 0, {}):
+        return [config for _, config in self.grid_rows(problem)]
+
+    def grid_rows(self, problem: Problem) -> list[tuple[dict[str, Any], KernelConfig]]:
+        """Every config of :meth:`grid` with the parameters :meth:`suggest` would choose for
+        it (the active ones), so a sampler can tell which choices still lead to a config."""
+        out: list[tuple[dict[str, Any], KernelConfig]] = []
+        for params, active in self._walk(problem, 0, {}, ()):
             if self.violated(params, problem) is None:
                 try:
-                    out.append(KernelConfig.from_mapping(params))
+                    config = KernelConfig.from_mapping(params)
                 except ConfigError:
                     continue
+                out.append(({name: params[name] for name in active}, config))
         return out
 
-    def _walk(self, problem: Problem, index: int, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def _walk(self, problem: Problem, index: int, params: dict[str, Any],
+              active: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
         if index == len(self.parameters):
-            yield dict(params)
+            yield dict(params), active
             return
         parameter = self.parameters[index]
         if parameter.active(dict(_problem_env(problem), **params)):
             values = self.choices_for(parameter, problem)
+            # a single choice is taken without asking the sampler (see suggest)
+            chosen = active + (parameter.name,) if len(values) > 1 else active
         else:
-            values = (parameter.otherwise,)
+            values, chosen = (parameter.otherwise,), active
         for value in values:
             params[parameter.name] = value
-            yield from self._walk(problem, index + 1, params)
+            yield from self._walk(problem, index + 1, params, chosen)
         params.pop(parameter.name, None)
 
     @property

@@ -13,11 +13,12 @@ from typing import Callable
 
 import torch
 
+from ..errors import ConfigError
 from ..kernels.launcher import (BackwardPlan, DecodePlan, allocate_outputs, check_interpretable, explain_launch_failure, prepare,
                                 resolve_scale, run)
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
-from .inputs import TrialInputs
+from .inputs import TrialInputs, random_inputs
 from .reference import ErrorReport, compare, compare_all, reference_attention, reference_gradients
 
 
@@ -123,3 +124,54 @@ def peak_extra_bytes(fn: Callable[[], object]):
     result = fn()
     torch.cuda.synchronize()
     return result, torch.cuda.max_memory_allocated() - before
+
+
+def sdpa_call(backend: str, problem: Problem, q, k, v):
+    """SDPA restricted to one backend: (call, context factory that selects the backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+    gqa = problem.heads_q != problem.heads_kv
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=problem.causal, enable_gqa=gqa)
+
+    return call, (lambda: sdpa_kernel([chosen]))
+
+
+def check_and_time_cudnn(problem: Problem, device: str, rep_ms: float, seed: int | None = None,
+                         check: bool = True) -> tuple[Timing, ErrorReport | None]:
+    """SDPA's cuDNN backend on fresh inputs of ``problem`` (the forward, or for a backward
+    problem the gradients of a stored forward): the yardstick a tune reports its winners
+    against, timed as :func:`time_config` times a kernel. ConfigError where cuDNN has no
+    such attention (KV-cache steps, FP8, a causal mask aligned bottom-right on unequal
+    lengths: SDPA's is_causal aligns top-left) or there is no GPU."""
+    if device != "cuda":
+        raise ConfigError("baseline", "SDPA's cuDNN backend runs on CUDA GPUs only")
+    if problem.decode or problem.is_fp8:
+        raise ConfigError("baseline", f"SDPA's cuDNN backend has no {'KV-cache' if problem.decode else 'FP8'} attention")
+    if problem.causal and problem.causal_align == "bottom_right" and problem.seqlen_q != problem.seqlen_k:
+        raise ConfigError("baseline", "SDPA's is_causal aligns the diagonal top-left")
+    q, k, v = random_inputs(problem, device, seed)
+    report = None
+    if not problem.backward:
+        call, context = sdpa_call("cudnn", problem, q, k, v)
+        with context():
+            if check:
+                ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+                report = compare(call(), ref)
+            return time_callable(call, rep_ms=rep_ms, device=device), report
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    dout = torch.randn_like(q)
+    call, context = sdpa_call("cudnn", problem, *leaves)
+    with context():
+        out = call()
+
+        def grads():
+            return torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+        if check:
+            report = compare_all(grads(), reference_gradients(q, k, v, dout, causal=problem.causal,
+                                                              causal_align=problem.causal_align))
+        return time_callable(grads, rep_ms=rep_ms, device=device), report

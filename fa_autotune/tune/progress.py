@@ -113,19 +113,47 @@ class RichReporter:
             self.progress.stop()
 
 
-_COLUMNS = ("problem", "best config", "ms", "TFLOPS", "ties", "configs", "new", "reused", "failures", "wall s")
+_COLUMNS = ("problem", "best config", "ms", "TFLOPS", "vs before", "vs cuDNN", "ties", "configs", "new", "reused",
+            "failures", "wall s")
+
+
+def _speedup(reference_ms: float | None, best_ms: float | None, interpreter: bool) -> float | None:
+    if interpreter or not reference_ms or not best_ms:
+        return None
+    return reference_ms / best_ms
 
 
 def _cells(o: ProblemOutcome, interpreter: bool) -> tuple[str, ...]:
-    """One problem's summary. configs: distinct configs its study has settled (all runs);
-    new: trials measured in this run; reused: configs answered from measurements this run
-    did not make (earlier runs, or another run at the same time), each counted once: a config
-    the sampler proposes again in this run is neither. TFLOPS mean nothing in the
-    interpreter: '-'."""
+    """One problem's summary. vs before: the winner's speed over what a fresh install runs
+    for the problem (the shipped file's config, else the built-in default, named), vs cuDNN:
+    over SDPA's cuDNN backend, both timed in the winner's interleaved rounds. configs:
+    distinct configs its study has settled (all runs); new: trials measured in this run;
+    reused: configs answered from measurements this run did not make (earlier runs, or
+    another run at the same time), each counted once: a config the sampler proposes again in
+    this run is neither. Speeds mean nothing in the interpreter: '-'."""
     failures = ", ".join(f"{k}={v}" for k, v in sorted(o.statuses.items()) if k != "ok") or "-"
     tflops = f"{o.best_tflops:.1f}" if o.best_tflops and not interpreter else "-"
+    before = _speedup(o.baseline_ms, o.best_ms, interpreter)
+    cudnn = _speedup(o.cudnn_ms, o.best_ms, interpreter)
     return (o.problem.key, o.best.name if o.best else "(none passed)", f"{o.best_ms:.4f}" if o.best_ms else "-",
-            tflops, str(o.ties or "-"), str(o.trials), str(o.new_trials), str(o.reused), failures, f"{o.seconds:.1f}")
+            tflops, f"{before:.2f}x {o.baseline_source}" if before else "-", f"{cudnn:.2f}x" if cudnn else "-",
+            str(o.ties or "-"), str(o.trials), str(o.new_trials), str(o.reused), failures, f"{o.seconds:.1f}")
+
+
+def summary_total(outcomes: list[ProblemOutcome], interpreter: bool) -> str | None:
+    """What the tune bought over all its problems: the winners' summed time against the
+    configs a fresh install runs (shipped or default) and against SDPA's cuDNN, each over
+    the problems where both were timed. None in the interpreter (its timings are not speeds)."""
+    if interpreter:
+        return None
+    parts = []
+    for name, attr in (("the shipped or default configs", "baseline_ms"), ("SDPA's cuDNN backend", "cudnn_ms")):
+        pairs = [(o.best_ms, getattr(o, attr)) for o in outcomes if o.best_ms and getattr(o, attr)]
+        if pairs:
+            ours, theirs = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+            parts.append(f"{theirs / ours:.2f}x {name} ({ours:.3f} ms against {theirs:.3f} ms over "
+                         f"{len(pairs)} problem{'s' if len(pairs) != 1 else ''})")
+    return ("Total: the tuned configs run at " + "; ".join(parts)) if parts else None
 
 
 def summary_line(o: ProblemOutcome, interpreter: bool) -> str:

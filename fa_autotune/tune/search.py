@@ -1,8 +1,9 @@
 """The tuner: an Optuna study per problem, every trial compiled ahead, checked, timed, stored.
 
-One trial: the space proposes a config (Optuna sampler) -> constraints -> the database
-answers configs it already measured on this problem, GPU and software -> compile for the
-target in a process pool (statically impossible configs stop here) -> correctness gate and
+One trial: the space proposes a config (Optuna's sampler, kept by :mod:`.sampling` to the
+configs that pass the space's constraints and the static shared-memory check) -> the
+database answers configs it already measured on this problem, GPU and software -> compile
+for the target in a process pool (what the static check cannot see stops here) -> correctness gate and
 timing in a restartable child process -> one measurement row. Failures are statuses;
 Optuna sees them as pruned trials so samplers learn to avoid them. What runs sharing the
 database do about each other (trial owners, claims, problem marks, a killed run's trials)
@@ -21,13 +22,14 @@ import warnings
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
 from ..errors import ConfigError, FaAutotuneError
-from ..kernels.aot import HOPPER, CompileResult
+from ..kernels import resources
+from ..kernels.aot import HOPPER, CompileResult, SHARED_MEMORY_LIMIT
 from ..processes import SigintGuard, compiler_init
 from ..spec.config import KernelConfig
 from ..spec.defaults import default_for, defaults_for, gluon_candidates
@@ -41,9 +43,9 @@ from ..store.tuned import save_front, save_winner, tuned_problems
 from . import leases
 from .compile import compile_for_tuning
 from .leases import OWNER, closed_elsewhere, utcnow
+from .sampling import SAMPLERS, Feasible, make_sampler
 from .worker import DeviceWorker, Job
 
-SAMPLERS = ("tpe", "grid", "random")
 FAILED_VALUE = 1e9  # what a failed trial reports to Optuna before being pruned
 NOISE_FLOOR = 0.01  # configs within 1% (or the measured spread, if larger) are tied
 REPEAT_ALLOWANCE = 4  # at most this many trials per distinct config wanted
@@ -114,6 +116,12 @@ class ProblemOutcome:
     ties: int = 0
     seconds: float = 0.0
     front: list[FrontPoint] = field(default_factory=list)  # FP8: the stored Pareto front, fastest first
+    # What the winner is reported against, timed in the same interleaved rounds: the config
+    # a fresh install runs for the problem (shipped file, else the built-in default) and
+    # SDPA's cuDNN backend (None where not measured: interpreter, FP8, KV-cache steps).
+    baseline_source: str | None = None
+    baseline_ms: float | None = None
+    cudnn_ms: float | None = None
     measured: set = field(default_factory=set, repr=False)  # configs this run measured
     answered: set = field(default_factory=set, repr=False)  # configs counted in ``reused``
 
@@ -134,26 +142,16 @@ class SilentReporter:
     def finish(self, outcomes): pass
 
 
-def make_sampler(name: str, seed: int | None):
-    """TPE (multivariate, grouped for the conditional parameters, constant liar so batches
-    can be asked ahead), or random; "grid" enqueues every valid config and samples randomly
-    only as a fallback."""
-    if name == "tpe":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8,
-                                              constant_liar=True)
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
 def study_name(prefix: str | None, gpu: GpuInfo, space: SearchSpace, problem: Problem) -> str:
     """Deterministic, so re-running the same command continues the same study."""
     return f"{prefix or 'fa-autotune'}:{gpu.slug}:{space.hash}:{problem.key}"
 
 
-def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, KernelConfig]]) -> list[KernelConfig]:
+def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, KernelConfig]],
+                shipped: list[KernelConfig] = ()) -> list[KernelConfig]:
     """What a study measures first, in order (the caller drops what its space cannot hold):
-    the default, this problem's earlier winners (a re-tune must measure the incumbent) and,
+    the default, ``shipped`` (what a fresh install runs: the winner is reported against it),
+    this problem's earlier winners (a re-tune must measure the incumbent) and,
     for a causal persistent Gluon winner, the same in other L2 sections (which size wins
     depends on the heads, tiles and programs: benchmarks/results/2026-12-02-h200-fwd-example-and-sections/results.md),
     the Gluon structures worth measuring first, then the nearest tuned problems' winners. A
@@ -165,7 +163,7 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     and Gluon winners with lazy rescaling flipped (-2 to +2% by problem: benchmarks/results/2026-12-02-h200-lazy-rescale/results.md),
     before the L2 sections."""
     winners = [c for p, c in tuned if p == problem]
-    starts = defaults_for(problem, gpu) + winners
+    starts = defaults_for(problem, gpu) + list(shipped) + winners
     halves = [c.with_(half_step=True) for c in winners if problem.causal and problem.head_dim_pad <= 64
               and c.language == "gluon" and not c.overlap and c.BLOCK_N == 128 and c.consumers == 2
               and not c.half_step]
@@ -183,10 +181,20 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     return starts + [c for d, c in neighbours[:4] if math.isfinite(d)]
 
 
+def built_in_baseline(problem: Problem, gpu: GpuInfo) -> tuple[KernelConfig, str]:
+    """The config a problem runs with nothing tuned: the built-in default."""
+    return default_for(problem, gpu), "default"
+
+
 class Tuner:
+    """``baseline``: (problem, GPU) -> (config, where it comes from), what a winner is
+    reported against (the CLI passes what a fresh install's dispatcher would run)."""
+
     def __init__(self, db: Database, space: SearchSpace, gpu: GpuInfo, software: SoftwareInfo,
-                 options: TuneOptions, reporter: Reporter | None = None) -> None:
+                 options: TuneOptions, reporter: Reporter | None = None,
+                 baseline: Callable[[Problem, GpuInfo], tuple[KernelConfig, str]] = built_in_baseline) -> None:
         self.db, self.gpu, self.software, self.options = db, gpu, software, options
+        self.baseline = baseline
         self.space = space.for_arch(gpu.arch)
         self.reporter = reporter or SilentReporter()
         self.target_capability = gpu.capability_tuple or HOPPER
@@ -259,17 +267,17 @@ class Tuner:
         ids = identities(self.db, problem, self.gpu, self.software)
         # FP8: time and error, both minimized (Optuna multi-objective); otherwise time.
         objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
-        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(), sampler=self._sampler(),
-                                    load_if_exists=True, **objectives)
+        rows = self._feasible_rows(problem)
+        feasible = Feasible([params for params, _ in rows])
+        grid = [config for _, config in rows]
+        study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(),
+                                    sampler=self._sampler(feasible), load_if_exists=True, **objectives)
         leases.fail_stale_trials(study, grace_s=self._grace_s)
         leases.mark(study, self._grace_s)
         if study.trials and self.options.seed is not None:
             # A resumed study must not replay the draws of the run it continues.
-            study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials))
+            study.sampler = make_sampler(self.options.sampler, self.options.seed + len(study.trials), feasible)
         outcome = ProblemOutcome(problem, name)
-        grid = self.space.grid(problem)
-        if not grid:
-            raise FaAutotuneError(f"the search space allows no config for {problem.key}")
         target = self._target_trials(len(grid))
         if not study.trials:
             study.set_user_attr("problem", problem.key)
@@ -303,9 +311,11 @@ class Tuner:
         known = _study_winner(study) if outcome.new_trials == 0 else None
         if problem.is_fp8:  # no re-timing: rebuilt every run, so a new --max-error takes effect
             self._pick_front(study, problem, ids, outcome)
-        elif known is not None:  # nothing new since the winner was picked: keep it
-            outcome.best, outcome.best_ms, outcome.ties = known
+        elif known is not None:  # nothing new since the winner was picked: keep it (and what it was compared with)
+            outcome.best, outcome.best_ms, outcome.ties, compared = known
             outcome.best_tflops = problem.tflops(outcome.best_ms)
+            outcome.baseline_source = compared.get("baseline_source")
+            outcome.baseline_ms, outcome.cudnn_ms = compared.get("baseline_ms"), compared.get("cudnn_ms")
         else:
             self._pick_winner(study, problem, ids, worker, outcome)
         outcome.seconds = time.monotonic() - start
@@ -316,8 +326,26 @@ class Tuner:
     def _target_trials(self, grid_size: int) -> int:
         return target_trials(self.options, self.gpu.is_interpreter, grid_size)
 
-    def _sampler(self):
-        return make_sampler(self.options.sampler, self.options.seed)
+    def _sampler(self, feasible: Feasible | None = None):
+        return make_sampler(self.options.sampler, self.options.seed, feasible)
+
+    def _fits(self, config: KernelConfig, problem: Problem) -> bool:
+        """The static shared-memory check (no limits in the interpreter)."""
+        return self.gpu.is_interpreter or resources.fits(config, problem, self.target_capability)
+
+    def _feasible_rows(self, problem: Problem) -> list[tuple[dict[str, Any], KernelConfig]]:
+        """The space's configs on ``problem`` (with the choices that make each) that pass
+        its constraints and the static resource check: all a study proposes."""
+        rows = self.space.grid_rows(problem)
+        if not rows:
+            raise FaAutotuneError(f"the search space allows no config for {problem.key}")
+        fitting = [(params, config) for params, config in rows if self._fits(config, problem)]
+        if not fitting:
+            least = min(resources.shared_bytes(config, problem, self.target_capability) or 0 for _, config in rows)
+            limit = SHARED_MEMORY_LIMIT.get(self.target_capability)
+            raise FaAutotuneError(f"no config of the search space fits {problem.key} on {self.gpu.name}: the "
+                                  f"smallest needs {least} bytes of shared memory, the limit is {limit}")
+        return fitting
 
     def _enqueue_start(self, study, problem: Problem, grid: list[KernelConfig], ids: Ids) -> None:
         """Grid: every valid config once. Otherwise warm start: the built-in default, this
@@ -331,7 +359,8 @@ class Tuner:
             return
         allowed = set(grid)
         seen = set()
-        for config in warm_starts(problem, self.gpu, tuned_problems(self.db, self.gpu)):
+        shipped = [self.baseline(problem, self.gpu)[0]]  # what the tune must beat, measured early
+        for config in warm_starts(problem, self.gpu, tuned_problems(self.db, self.gpu), shipped):
             if config in allowed and config not in seen:
                 seen.add(config)
                 study.enqueue_trial(self._params(config))
@@ -402,6 +431,12 @@ class Tuner:
         if broken is not None:
             self._finish(study, trial, ids, config, "invalid_config", outcome, utcnow(),
                          message=f"constraint {broken.text!r} ({broken.where})")
+            return None
+        if not self._fits(config, problem):
+            need = resources.shared_bytes(config, problem, self.target_capability)
+            self._finish(study, trial, ids, config, "out_of_resources", outcome, utcnow(),
+                         message=f"needs at least {need} bytes of shared memory (estimated before compiling), "
+                                 f"limit {SHARED_MEMORY_LIMIT.get(self.target_capability)}")
             return None
         return config
 
@@ -485,14 +520,20 @@ class Tuner:
         counted as ties)."""
         measured = _study_ranking(study)
         candidates = [config for config, _ in measured[: self.options.retime_top]]
-        incumbents = [default_for(problem, self.gpu)] + [c for p, c in tuned_problems(self.db, self.gpu)
-                                                         if p == problem]
+        before, outcome.baseline_source = self.baseline(problem, self.gpu)
+        incumbents = [default_for(problem, self.gpu), before] + [c for p, c in tuned_problems(self.db, self.gpu)
+                                                                 if p == problem]
         for config in incumbents:
             if config not in candidates and any(c == config for c, _ in measured):
                 candidates.append(config)
         if not candidates:
             return
+        # What the winner is reported against is timed in the same rounds; only a config
+        # this study measured may win (the warm start measures the baseline where the space holds it).
+        crownable = set(candidates)
+        candidates += [before] if before not in candidates else []
         rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
+        cudnn: list[dict] | None = [] if not self.gpu.is_interpreter and not problem.decode else None
         # The interpreter's timings mean nothing: one round there keeps CPU runs short.
         rounds_wanted = 1 if self.gpu.is_interpreter else RETIME_ROUNDS
         rep = self.options.retime_rep_ms / rounds_wanted
@@ -507,12 +548,21 @@ class Tuner:
                 elif round_index == 0:
                     record(self.db, ids, config, result.pop("status"), phase="retime", study_name=outcome.study_name,
                            **_measurement_fields(result, problem))
+            if cudnn is not None and (round_index == 0 or cudnn):
+                result = worker.run(Job(None, problem, rep_ms=rep, check=round_index == 0, baseline="cudnn"),
+                                    self.options.trial_timeout)
+                cudnn = cudnn + [result] if result["status"] == "ok" else []
+        if cudnn and len(cudnn) == rounds_wanted:
+            outcome.cudnn_ms = _combine_rounds(cudnn, problem)["median_ms"]
         timed = []
         for config, results in rounds.items():
             if len(results) == rounds_wanted:
                 fields = _combine_rounds(results, problem)
                 record(self.db, ids, config, "ok", phase="retime", study_name=outcome.study_name, **fields)
                 timed.append((config, fields))
+                if config == before:
+                    outcome.baseline_ms = fields["median_ms"]
+        timed = [item for item in timed if item[0] in crownable]
         if not timed:
             return
         # The fastest median wins. Configs within noise of it (1%, or the winner's own
@@ -528,7 +578,8 @@ class Tuner:
                                              fields.get("rel_error"), self.gpu, self.software, len(tied),
                                              study_name=outcome.study_name))
         study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": fields["median_ms"],
-                                       "ties": len(tied)})
+                                       "ties": len(tied), "baseline_source": outcome.baseline_source,
+                                       "baseline_ms": outcome.baseline_ms, "cudnn_ms": outcome.cudnn_ms})
         outcome.best, outcome.best_ms, outcome.best_tflops = winner, fields["median_ms"], fields["tflops"]
         outcome.ties = len(tied)
 
@@ -569,11 +620,15 @@ def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
     return sorted(best.items(), key=lambda item: (item[1], item[0].canonical_json()))
 
 
-def _study_winner(study) -> tuple[KernelConfig, float, int] | None:
-    """The winner this study picked last time, if its config is still valid."""
+def _study_winner(study) -> tuple[KernelConfig, float, int, dict] | None:
+    """The winner this study picked last time, if its config is still valid, with what it
+    was compared with (baseline_source, baseline_ms, cudnn_ms; absent in older studies)."""
     winner = study.user_attrs.get("winner")
     config = KernelConfig.from_stored(winner["config"]) if isinstance(winner, dict) else None
-    return (config, winner["median_ms"], winner["ties"]) if config is not None else None
+    if config is None:
+        return None
+    compared = {k: winner.get(k) for k in ("baseline_source", "baseline_ms", "cudnn_ms")}
+    return config, winner["median_ms"], winner["ties"], compared
 
 
 def _combine_rounds(results: list[dict], problem: Problem) -> dict:

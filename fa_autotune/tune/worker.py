@@ -18,16 +18,17 @@ from ..processes import device_server
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .inputs import TrialInputs
-from .measure import check_correct, time_config
+from .measure import check_and_time_cudnn, check_correct, time_config
 
 
 @dataclass(frozen=True)
 class Job:
-    config: KernelConfig
+    config: KernelConfig | None  # None: time the ``baseline`` instead
     problem: Problem
     rep_ms: float = 50.0
     seed: int | None = None
     check: bool = True  # re-timing rounds after the first skip the correctness gate
+    baseline: str | None = None  # "cudnn": SDPA's cuDNN backend, the yardstick a tune reports against
 
 
 # An FP8 result this far from float32 is broken, not merely coarse; within it, the error is
@@ -51,6 +52,8 @@ def execute(job: Job, device: str) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         result: dict[str, Any] = {}
+        if job.baseline is not None:
+            return _execute_baseline(job, device, start)
         inputs = TrialInputs.build(job.config, job.problem, device, job.seed)
         report = check_correct(job.config, job.problem, inputs) if job.check else None
         if report is not None:
@@ -68,6 +71,17 @@ def execute(job: Job, device: str) -> dict[str, Any]:
         if _classify(exc) == "crashed":
             message += "\n" + "".join(traceback.format_exception(exc)[-3:])
         return {"status": _classify(exc), "message": message[:2000], "seconds": time.perf_counter() - start}
+
+
+def _execute_baseline(job: Job, device: str, start: float) -> dict[str, Any]:
+    if job.baseline != "cudnn":
+        raise ConfigError("baseline", f"no baseline named {job.baseline!r}")
+    timing, report = check_and_time_cudnn(job.problem, device, job.rep_ms, job.seed, job.check)
+    if report is not None and not report.passes(job.problem.dtype):
+        return {"status": "wrong_result", "message": "SDPA's cuDNN backend disagrees with the float32 reference",
+                "seconds": time.perf_counter() - start}
+    return {"status": "ok", "median_ms": timing.median_ms, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms,
+            "message": "", "seconds": time.perf_counter() - start}
 
 
 # What the device worker runs, by name: the child imports it only after choosing Triton's mode.
