@@ -18,7 +18,6 @@ import multiprocessing
 import os
 import statistics
 import time
-import warnings
 from collections import Counter
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
