@@ -11,6 +11,7 @@ Two measurements:
 
     python3 benchmarks/tuner_efficiency.py grid --out DIR          # GPU 0: the grids
     python3 benchmarks/tuner_efficiency.py tune --out DIR          # another GPU at the same time
+    python3 benchmarks/tuner_efficiency.py cold --out DIR          # (TPE without the warm start)
     python3 benchmarks/tuner_efficiency.py compare --out DIR       # once both have run
     python3 benchmarks/tuner_efficiency.py statuses --db URL ...   # any tune's databases
 
@@ -90,7 +91,7 @@ def compare(out: Path, rounds: int, rep_ms: float) -> dict:
     keys = sorted({w.problem.key for w in queries.best(connect(_url(out, "grid")))})
     rows = []
     for key in keys:
-        winners = {run: _winner(_url(out, run), key) for run in RUNS}
+        winners = {run: _winner(_url(out, run), key) for run in RUNS if (out / f"{run}.sqlite").exists()}
         problem = winners["grid"].problem
         q, k, v = random_inputs(problem, "cuda", seed=0)
         ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
@@ -114,7 +115,7 @@ def compare(out: Path, rounds: int, rep_ms: float) -> dict:
                      "grid_best_over": {run: med["grid"] / med[run] for run in med}})
         torch.cuda.empty_cache()
     result = {"command": " ".join(sys.argv), "environment": environment(), "rounds": rounds, "rep_ms": rep_ms,
-              "rows": rows, "statuses": statuses([_url(out, run) for run in RUNS])}
+              "rows": rows, "statuses": statuses([_url(out, run) for run in RUNS if (out / f"{run}.sqlite").exists()])}
     (out / "sample_efficiency.json").write_text(json.dumps(result, indent=2, default=str))
     lines = ["| problem | grid configs | grid best | tune (default) | ratio | tune without warm start | ratio |",
              "|---|---|---|---|---|---|---|"]
@@ -130,7 +131,7 @@ def compare(out: Path, rounds: int, rep_ms: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("grid", "tune", "compare", "statuses"))
+    parser.add_argument("phase", choices=("grid", "tune", "cold", "compare", "statuses"))
     parser.add_argument("--out", type=Path, default=Path("tuner-efficiency"))
     parser.add_argument("--db", action="append", default=[], help="statuses: database URLs to read")
     parser.add_argument("--rounds", type=int, default=5)
@@ -139,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "grid":
         _tune(args.out, "grid")
-    elif args.phase == "tune":
-        _tune(args.out, "tune")
-        _tune(args.out, "cold")
+    elif args.phase in ("tune", "cold"):
+        _tune(args.out, args.phase)
     elif args.phase == "compare":
         compare(args.out, args.rounds, args.rep_ms)
     else:

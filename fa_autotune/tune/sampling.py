@@ -22,7 +22,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 SAMPLERS = ("tpe", "grid", "random")
-REDRAWS = 16  # proposals asked of the wrapped sampler before choosing among feasible values
+REDRAWS = 8  # proposals asked of the wrapped sampler before choosing among feasible values
 
 
 def make_sampler(name: str, seed: int | None, feasible: "Feasible | None" = None) -> BaseSampler:
@@ -65,10 +65,10 @@ class FeasibleSampler(BaseSampler):
     """Wraps a sampler so that what it proposes stays inside :class:`Feasible`.
 
     Multivariate proposals (TPE's groups) are redrawn up to :data:`REDRAWS` times until they
-    agree with a feasible config, else dropped for per-parameter sampling; each parameter is
-    redrawn likewise and then, if need be, chosen uniformly among the values still feasible
-    given the trial's other choices. The wrapped sampler's model is untouched: it still sees
-    every measured trial as it was measured.
+    agree with a feasible config the study has not taken yet, else dropped for per-parameter
+    sampling; each parameter is redrawn likewise and then, if need be, chosen uniformly among
+    the values still open given the trial's other choices. The wrapped sampler's model is
+    untouched: it still sees every measured trial as it was measured.
     """
 
     def __init__(self, base: BaseSampler, feasible: Feasible, seed: int | None = None) -> None:
@@ -81,20 +81,32 @@ class FeasibleSampler(BaseSampler):
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return self._base.infer_relative_search_space(study, trial)
 
+    def _open_rows(self, study: Study, trial: FrozenTrial) -> list[dict[str, Any]]:
+        """The feasible configs no finished or running trial of the study has taken (all of
+        them again once every one has): a proposal the study already measured buys nothing."""
+        taken = {frozenset(t.params.items()) for t in study.get_trials(deepcopy=False)
+                 if t.number != trial.number and t.state != TrialState.FAIL}
+        rows = [row for row in self._feasible.rows if frozenset(row.items()) not in taken]
+        return rows or self._feasible.rows
+
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        rows = self._open_rows(study, trial)
         params: dict[str, Any] = {}
         for _ in range(REDRAWS):
             drawn = self._base.sample_relative(study, trial, search_space)
-            if self._feasible.consistent(drawn):
+            if self._feasible.narrow(drawn, rows):
                 params = drawn
                 break
         self._relative[trial._trial_id] = params
+        self._narrowed[trial._trial_id] = ({}, rows)
         return params
 
     def sample_independent(self, study: Study, trial: FrozenTrial, name: str, distribution: BaseDistribution) -> Any:
         chosen = dict(self._relative.get(trial._trial_id, {}), **trial.params)
         applied, rows = self._narrowed.get(trial._trial_id, ({}, None))
+        if rows is None:
+            rows = self._open_rows(study, trial)
         rows = self._feasible.narrow({k: v for k, v in chosen.items() if k not in applied}, rows)
         self._narrowed[trial._trial_id] = (chosen, rows)
         allowed = list(dict.fromkeys(row[name] for row in rows if name in row))
