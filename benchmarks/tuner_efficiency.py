@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -114,15 +115,20 @@ def compare(out: Path, rounds: int, rep_ms: float) -> dict:
                      "median_ms": med, "rounds_ms": times, "search_measurements": trials,
                      "grid_best_over": {run: med["grid"] / med[run] for run in med}})
         torch.cuda.empty_cache()
-    result = {"command": " ".join(sys.argv), "environment": environment(), "rounds": rounds, "rep_ms": rep_ms,
+    result = {"command": " ".join(sys.argv), "commit": os.environ.get("FA_AUTOTUNE_COMMIT"),  # the device copy has no .git
+              "environment": environment(), "rounds": rounds, "rep_ms": rep_ms,
               "rows": rows, "statuses": statuses([_url(out, run) for run in RUNS if (out / f"{run}.sqlite").exists()])}
     (out / "sample_efficiency.json").write_text(json.dumps(result, indent=2, default=str))
     lines = ["| problem | grid configs | grid best | tune (default) | ratio | tune without warm start | ratio |",
              "|---|---|---|---|---|---|---|"]
+    def cells(r: dict, run: str) -> str:
+        if run not in r["median_ms"]:
+            return "- | -"
+        return f"{r['median_ms'][run]:.4f} ms | {r['grid_best_over'][run]:.3f}"
+
     for r in rows:
-        m, ratio = r["median_ms"], r["grid_best_over"]
-        lines.append(f"| {r['problem']} | {r['grid_size']} | {m['grid']:.4f} ms | {m.get('tune', 0):.4f} ms | "
-                     f"{ratio.get('tune', 0):.3f} | {m.get('cold', 0):.4f} ms | {ratio.get('cold', 0):.3f} |")
+        lines.append(f"| {r['problem']} | {r['grid_size']} | {r['median_ms']['grid']:.4f} ms | "
+                     f"{cells(r, 'tune')} | {cells(r, 'cold')} |")
     (out / "sample_efficiency.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result
