@@ -1,9 +1,11 @@
 """How well `fa-autotune tune` spends its trials, on a GPU.
 
-Two measurements:
+Three measurements:
 - statuses: for the tunes already run into a database, each study's trials by status, and
   the share that ended invalid_config or out_of_resources (the search must spend at most
   10% there);
+- census (no GPU): configs drawn from what the sampler may propose on a preset's problems,
+  compiled ahead of time for sm_90: the share that would fail to compile or fit;
 - sample efficiency: per problem, an exhaustive grid over the space (`--sampler grid`),
   `tune` as a user runs it (TPE, default budget, warm start) and TPE without the warm start,
   each into its own database; then the three winners re-timed side by side in interleaved
@@ -14,9 +16,10 @@ Two measurements:
     python3 benchmarks/tuner_efficiency.py cold --out DIR          # (TPE without the warm start)
     python3 benchmarks/tuner_efficiency.py compare --out DIR       # once both have run
     python3 benchmarks/tuner_efficiency.py statuses --db URL ...   # any tune's databases
+    python3 benchmarks/tuner_efficiency.py census --preset quick   # CPU: compile what may be proposed
 
 `compare` writes DIR/sample_efficiency.json and .md. The problems are head dims 192 and
-256 (grids of 88 to 120 configs that fit), none of them a shipped problem.
+256 (grids of 66 to 116 configs that fit), none of them a shipped problem.
 """
 from __future__ import annotations
 
@@ -69,6 +72,34 @@ def statuses(urls: list[str]) -> list[dict]:
             out.append({"db": url, "study": summary.study_name, "trials": total, "statuses": dict(counts),
                         "invalid_or_out_of_resources": wasted, "share": wasted / total if total else None})
     return out
+
+
+def census(preset: str, sample: int, seed: int, jobs: int) -> dict:
+    """No GPU needed: per problem of ``preset``, ``sample`` configs drawn uniformly from what the
+    sampler may propose (the sm90 space's constraints and the static shared-memory check, as
+    `tune` filters them) compiled ahead of time for sm_90, and their statuses. Whatever the
+    sampler picks comes from this set, so its failure share bounds what a study can hit."""
+    import random
+    from collections import Counter
+
+    from fa_autotune.kernels import resources
+    from fa_autotune.kernels.aot import HOPPER, compile_many
+    from fa_autotune.spec.space import load_space
+
+    space = load_space("fwd")
+    arch = space.for_arch("sm90")
+    rows = []
+    for problem in space.presets[preset].problems:
+        feasible = [c for c in arch.grid(problem) if resources.fits(c, problem, HOPPER)]
+        drawn = random.Random(seed).sample(feasible, min(sample, len(feasible)))
+        results = compile_many(drawn, problem, HOPPER, jobs=jobs)
+        counts = Counter(r.status for r in results)
+        rows.append({"problem": problem.key, "feasible": len(feasible), "compiled": len(results),
+                     "statuses": dict(counts),
+                     "failed": {r.config.name: r.status for r in results if r.status != "ok"}})
+        print(f"{problem.key}: {len(feasible)} feasible, {len(results)} compiled: {dict(counts)}", flush=True)
+    return {"command": " ".join(sys.argv), "commit": os.environ.get("FA_AUTOTUNE_COMMIT"), "preset": preset,
+            "sample": sample, "seed": seed, "rows": rows}
 
 
 def _winner(url: str, key: str):
@@ -137,11 +168,15 @@ def compare(out: Path, rounds: int, rep_ms: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=("grid", "tune", "cold", "compare", "statuses"))
+    parser.add_argument("phase", choices=("grid", "tune", "cold", "compare", "statuses", "census"))
     parser.add_argument("--out", type=Path, default=Path("tuner-efficiency"))
     parser.add_argument("--db", action="append", default=[], help="statuses: database URLs to read")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--preset", default="quick", help="census: the fwd preset whose problems to compile for")
+    parser.add_argument("--sample", type=int, default=40, help="census: configs drawn per problem")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=2, help="census: compile processes")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "grid":
@@ -150,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         _tune(args.out, args.phase)
     elif args.phase == "compare":
         compare(args.out, args.rounds, args.rep_ms)
+    elif args.phase == "census":
+        result = census(args.preset, args.sample, args.seed, args.jobs)
+        (args.out / f"census-{args.preset}.json").write_text(json.dumps(result, indent=2))
     else:
         print(json.dumps(statuses(args.db), indent=2))
     return 0

@@ -67,3 +67,22 @@ def test_no_estimate_where_no_rule_is_known():
     assert resources.shared_bytes(_triton(loop_order="kv_outer"), _problem(64, n=1024), HOPPER) is None
     assert resources.shared_bytes(_triton(), _problem(128), (8, 0)) is None
     assert resources.fits(_triton(BLOCK_M=128, BLOCK_N=128, num_stages=4), _problem(256), (8, 0))
+
+
+def test_sm90_constraints_rule_out_what_does_not_compile_past_head_dim_128():
+    """What `search_spaces/fwd.yaml`'s two sm90 constraints on `head_dim_pad` rest on: at D=192
+    a warp-specialized Triton kernel can overflow shared memory although the static lower bound
+    lets it through, and 128 registers with 8 warps fails in ptxas. If Triton ever compiles
+    them, this fails and the constraints deserve another look."""
+    from fa_autotune.spec.space import load_space
+
+    problem = _problem(192, dtype="float16")
+    warp_specialized = _triton(BLOCK_N=64, num_warps=4, num_stages=2, access="tensor_desc", warp_specialize=True)
+    capped = _triton(BLOCK_N=64, num_stages=2, access="tensor_desc", maxnreg=128)
+    assert resources.fits(warp_specialized, problem, HOPPER) and resources.fits(capped, problem, HOPPER)
+    ws, reg = compile_many([warp_specialized, capped], problem, HOPPER, jobs=1)
+    assert ws.status == "out_of_resources" and ws.shared_bytes > LIMIT, (ws.status, ws.error)
+    assert reg.status == "compile_error", reg.status
+    names = {config.name for config in load_space("fwd").for_arch("sm90").grid(problem)}
+    assert not any("_ws" in name or "_r128" in name for name in names)
+    assert warp_specialized.name.replace("_ws", "") in names and capped.name.replace("_r128", "") in names
