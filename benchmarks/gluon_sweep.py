@@ -297,7 +297,7 @@ def problems(quick: bool) -> list[Problem]:
 def l2_section(problem: Problem, q, fraction: float) -> int:
     """Heads per section of a causal persistent grid whose K and V (shared by a KV group's
     query heads) fill ``fraction`` of this GPU's L2 cache: the launcher's rule for its own
-    share (fa_autotune.kernels.launcher.l2_section), at any share; 0: every head at once."""
+    share (fa_autotune.kernels.launch.l2_section), at any share; 0: every head at once."""
     heads = problem.batch * problem.heads_q
     if fraction <= 0:
         return min(heads, MAX_SECTION)

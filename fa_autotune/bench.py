@@ -32,7 +32,7 @@ import torch
 
 from .errors import FaAutotuneError
 from .kernels.checks import check_config
-from .kernels.launcher import prepare
+from .kernels.fwd import prepare
 from .runtime import api
 from .spec.config import KernelConfig
 from .runtime.dispatch import DISPATCHER

@@ -5,8 +5,8 @@ on a machine with no GPU at all. The tuner uses this to compile in a process poo
 prune variants that cannot fit (shared memory) before the GPU is touched; CI uses it to
 prove every variant family compiles to wgmma code that fits an H100/H200.
 
-The arguments compiled for are the launcher's own (:meth:`Prepared.arguments` on
-uninitialized tensors of the problem's layout), specialised the way Triton's JIT
+The arguments compiled for are the plan's own (:meth:`~fa_autotune.kernels.plans.Bound.launches`
+on uninitialized tensors of the problem's layout), specialised the way Triton's JIT
 specialises a launch: integers equal to 1 become constants, multiples of 16 and tensor
 pointers are marked 16-divisible, None is a constant.
 """
@@ -34,12 +34,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import FaAutotuneError
-from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
 from ..processes import compiler_init
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import interpreter_active
-from .launcher import BackwardPlan, DecodePlan, Launch, prepare, resolve_scale
+from .launch import Launch
+from .plans import bind, example
 
 HOPPER = (9, 0)
 # Largest dynamic shared memory one block may use, per compute capability (bytes).
@@ -97,55 +97,6 @@ class CompileResult:
         return any(k.uses_wgmma for k in self.kernels)
 
 
-def example_inputs(config: KernelConfig, problem: Problem, device: torch.device | str):
-    """Uninitialized (q, k, v, out, scales) in the layout a launch of ``problem`` reads:
-    contiguous (B, H, N, D); FP8 inputs as :func:`~fa_autotune.quantize_fp8` lays them out
-    for this config's recipe and tiles (scales None otherwise)."""
-    q_shape = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
-    kv_shape = (problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim)
-    if problem.is_fp8:
-        block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
-        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], config.fp8_scaling,
-                             block_q, block_k)
-        return x.q, x.k, x.v, torch.empty(q_shape, device=device, dtype=torch.bfloat16), x.scales
-    dtype = getattr(torch, problem.dtype)
-    q, out = (torch.empty(q_shape, device=device, dtype=dtype) for _ in range(2))
-    k, v = (torch.empty(kv_shape, device=device, dtype=dtype) for _ in range(2))
-    return q, k, v, out, None
-
-
-def decode_example(config: KernelConfig, problem: Problem, device: torch.device | str,
-                   append: bool = False) -> "DecodeExample":
-    """A decode step of ``problem`` on uninitialized tensors as the tuner times it: q (B, Nq,
-    Hq, D), the cache contiguous or paged (a full block table), per-sequence int32 lengths;
-    ``append`` adds one new token (the append kernel)."""
-    dtype = getattr(torch, problem.dtype)
-    q = torch.empty((problem.batch, problem.seqlen_q, problem.heads_q, problem.head_dim), device=device, dtype=dtype)
-    page = problem.page_size
-    if page:
-        pages = -(-problem.seqlen_k // page)
-        shape = (problem.batch * pages, page, problem.heads_kv, problem.head_dim)
-        table = torch.empty((problem.batch, pages), device=device, dtype=torch.int32)
-    else:
-        shape, table = (problem.batch, problem.seqlen_k, problem.heads_kv, problem.head_dim), None
-    k_cache, v_cache = (torch.empty(shape, device=device, dtype=dtype) for _ in range(2))
-    new = (problem.batch, 1, problem.heads_kv, problem.head_dim)
-    k_new, v_new = (torch.empty(new, device=device, dtype=dtype) if append else None for _ in range(2))
-    lengths = torch.empty((problem.batch,), device=device, dtype=torch.int32)
-    plan = DecodePlan(config, q, k_cache, v_cache, k_new, v_new, torch.empty_like(q), None, table,
-                      resolve_scale(None, problem.head_dim), problem.causal)
-    return DecodeExample(plan, (q, k_cache, v_cache, k_new, v_new, lengths, table, 0, torch.empty_like(q), None))
-
-
-@dataclass(frozen=True)
-class DecodeExample:
-    plan: DecodePlan
-    args: tuple
-
-    def arguments(self) -> list[tuple[Launch, tuple]]:
-        return [(launch, args + launch.fixed) for launch, args in self.plan.calls(*self.args)]
-
-
 def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
     """Signature, constants and attributes of ``launch`` called with ``args``, as Triton's
     JIT would specialise them (tensors fresh from the allocator are 16-byte aligned)."""
@@ -189,22 +140,7 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     if interpreter_active():
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
-    if problem.decode:
-        launches = decode_example(config, problem, "meta").arguments()
-    elif config.loop_order == "backward":
-        q, k, v, out, _ = example_inputs(config, problem, "meta")
-        lse = torch.empty(q.shape[:3], device="meta", dtype=torch.float32)
-        plan = BackwardPlan(config, q, k, v, out, out, q, k, v, resolve_scale(None, problem.head_dim),
-                            problem.causal_offset, problem.causal)
-        acc = None if plan.acc_shape is None else torch.empty(plan.acc_shape, device="meta", dtype=torch.float32)
-        launches = [(launch, args + launch.fixed)
-                    for launch, args in plan.calls(q, k, v, out, out, lse, torch.empty_like(q), torch.empty_like(k),
-                                                   torch.empty_like(v), acc)]
-    else:
-        q, k, v, out, scales = example_inputs(config, problem, "meta")
-        plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
-                       problem.causal, scales)
-        launches = plan.arguments(q, k, v, out, None, scales)
+    launches = bind(config, problem, example(config, problem, "meta")).launches()
     reports = []
     target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
     limit = SHARED_MEMORY_LIMIT.get(capability, 101376)

@@ -4,7 +4,7 @@ Rendering is a pure function of a validated :class:`KernelConfig` and the templa
 the same config gives the same bytes and the same hash. Modules land in the kernel cache
 write-if-different (atomic rename), so concurrent tuners never see a half-written file,
 and once a module exists no Jinja is needed to run it. A rendered module holds kernels and
-their constants only (:class:`KernelModule`); launching them is :mod:`.launcher`'s job.
+their constants only (:class:`KernelModule`); launching them is the plans' job (:mod:`.launch`, and one module per family: :mod:`.fwd`, :mod:`.decode`, :mod:`.bwd`, :mod:`.varlen`).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class KernelModule(Protocol):
 
     ``KERNELS`` maps a role to a ``@triton.jit`` function: ``"main"`` always, ``"combine"``
     for split-KV. A kernel's parameters come in three groups, in this order: the tensors of
-    each call (their order fixed per loop order and role, see :mod:`.launcher`), scalars the
-    launcher supplies by name (strides, lengths, scales), then ``tl.constexpr`` flags by name.
+    each call (their order fixed per loop order and role, see the plans), scalars the
+    plan supplies by name (strides, lengths, scales), then ``tl.constexpr`` flags by name.
     A kernel declares only what it uses.
     """
 

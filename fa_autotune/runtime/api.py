@@ -21,8 +21,10 @@ from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import (check_config, check_fp8_scales, check_gluon_backward, check_offsets, check_tma_output,
                               per_block, tma_compatible)
-from ..kernels.launcher import (BackwardPlan, Prepared, allocate_outputs, check_interpretable,
-                                explain_launch_failure, prepare, resolve_scale, run, run_varlen, varlen_config)
+from ..kernels.bwd import BackwardPlan
+from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
+from ..kernels.launch import check_interpretable, explained, resolve_scale
+from ..kernels.varlen import run_varlen, varlen_config
 from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
@@ -33,7 +35,7 @@ from .dispatch import DISPATCHER, Choice, gpu_of
 class _Plan:
     problem: Problem
     config: KernelConfig
-    launch: Prepared | None  # None when there is nothing to launch
+    launch: ForwardPlan | None  # None when there is nothing to launch
     tma: bool  # base pointers must stay 16-byte aligned for this plan
 
 
@@ -288,18 +290,17 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
         return dq.zero_(), dk.zero_(), dv.zero_()
     if DISPATCHER.recorder is not None:
         DISPATCHER.recorder.count(problem)
-    try:
-        if plan is None:
-            plan = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
-                                problem.causal_offset, problem.causal)
+
+    def build_and_run() -> None:
+        built = plan
+        if built is None:
+            built = BackwardPlan(config, q, k, v, out, dout, dq, dk, dv, resolve_scale(scale, problem.head_dim),
+                                 problem.causal_offset, problem.causal)
             if key is not None:
-                _keep(key, (problem, config, plan))
-        plan(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse)
-    except Exception as exc:
-        failure = explain_launch_failure(config, exc)
-        if failure is exc:
-            raise
-        raise failure from exc
+                _keep(key, (problem, config, built))
+        built(q, k, v, out, dout, lse, dq, dk, dv, dlse=dlse)
+
+    explained(config, build_and_run)()
     return dq, dk, dv
 
 

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError, InputError
-from ..kernels.launcher import DecodePlan, check_interpretable, explain_launch_failure, resolve_scale
+from ..kernels.decode import DecodePlan
+from ..kernels.launch import check_interpretable, explain_launch_failure, resolve_scale
 from ..spec.config import MAX_SPLITS, KernelConfig
 from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable

@@ -104,7 +104,7 @@ class KernelConfig:
     # causal grids, whose tiles differ in length) instead of every programs-th tile.
     dynamic: bool = False
     # Gluon, persistent grid, causal problems: the heads per L2 section, whose longest tiles
-    # run before the next section's (0: the launcher's rule, sized from the L2 cache, or
+    # run before the next section's (0: the L2 rule of kernels/launch.py, sized from the L2 cache, or
     # DYNAMIC_SECTION on a dynamic grid). Which size wins depends on heads, tiles and programs.
     section: int = 0
     # Gluon forward: one score in every `exp2_emu` of an unmasked step gets 2**x from a

@@ -12,9 +12,9 @@ import time
 import torch
 
 from ..errors import ConfigError
-from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant, decode_example, example_inputs
+from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant
 from ..kernels.checks import check_config, check_fp8_scales
-from ..kernels.launcher import BackwardPlan, prepare, resolve_scale
+from ..kernels.plans import bind, example
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 
@@ -29,32 +29,19 @@ def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple
 def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
     start = time.perf_counter()
     try:  # the timing run's layout (FP8: V sequence-contiguous, descales), no data needed
-        if problem.decode:
-            example = decode_example(config, problem, "cuda")
-            q = example.args[0]
-            kernels = example.plan(*example.args, warmup=True)
-        elif problem.backward:
-            q, k, v, out, _ = example_inputs(config, problem, "cuda")
-            lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-            plan = BackwardPlan(config, q, k, v, out, out, *grads, resolve_scale(None, problem.head_dim),
-                                problem.causal_offset, problem.causal)
-            kernels = plan(q, k, v, out, out, lse, *grads, warmup=True)
-        else:
-            q, k, v, out, scales = example_inputs(config, problem, "cuda")
-            check_config(config, problem, q, k, v)
-            if scales is not None:
-                check_fp8_scales(config, *scales)
-            plan = prepare(config, q, k, v, out, None, resolve_scale(None, problem.head_dim), problem.causal_offset,
-                           problem.causal, scales)
-            kernels = plan(q, k, v, out, None, scales, warmup=True)
+        x = example(config, problem, "cuda")
+        if not (problem.decode or problem.backward):
+            check_config(config, problem, x.q, x.k, x.v)
+            if x.scales is not None:
+                check_fp8_scales(config, *x.scales)
+        kernels = bind(config, problem, x)(warmup=True)
     except ConfigError as exc:
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     except Exception as exc:  # compiler failures are data for the tuner
         lines = str(exc).strip().splitlines()
         status = "out_of_resources" if type(exc).__name__ == "OutOfResources" else "compile_error"
         return CompileResult(config, status, time.perf_counter() - start, (), lines[-1] if lines else type(exc).__name__)
-    limit = getattr(torch.cuda.get_device_properties(q.device), "shared_memory_per_block_optin", 232448)
+    limit = getattr(torch.cuda.get_device_properties(x.q.device), "shared_memory_per_block_optin", 232448)
     reports = tuple(KernelReport(kernel.name, int(kernel.metadata.shared), "wgmma" in kernel.asm.get("ptx", ""),
                                  kernel.asm.get("ptx", "").count("\n")) for kernel in kernels)
     too_big = [r for r in reports if r.shared_bytes > limit]

@@ -14,8 +14,9 @@ from typing import Callable
 import torch
 
 from ..errors import ConfigError
-from ..kernels.launcher import (BackwardPlan, DecodePlan, allocate_outputs, check_interpretable, explain_launch_failure, prepare,
-                                resolve_scale, run)
+from ..kernels.fwd import allocate_outputs
+from ..kernels.launch import check_interpretable, resolve_scale
+from ..kernels.plans import Bound, Operands, bind
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .inputs import TrialInputs, random_inputs
@@ -32,54 +33,32 @@ class Timing:
 def check_correct(config: KernelConfig, problem: Problem, inputs: TrialInputs) -> ErrorReport:
     """Run ``config`` once on ``inputs`` into a NaN-filled output; compare with float32
     attention on the same (for FP8: the unquantized) inputs."""
+    check_interpretable(inputs.q)
     if problem.backward:
-        check_interpretable(inputs.q)
         grads = tuple(torch.full_like(t, float("nan")) for t in (inputs.q, inputs.k, inputs.v))
-        _backward_plan(config, problem, inputs, grads)()
+        _bound(config, problem, inputs, grads=grads).explained()
         refs = reference_gradients(inputs.q, inputs.k, inputs.v, inputs.dout, causal=problem.causal,
                                    causal_align=problem.causal_align)
         return compare_all(grads, refs)
     out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
     out.fill_(float("nan"))
-    scale = resolve_scale(None, problem.head_dim)
-    if problem.decode:
-        check_interpretable(inputs.q)
-        _decode_plan(config, problem, inputs, out)()
-        out = out.transpose(1, 2)  # (B, Nq, Hq, D) as the reference's (B, H, N, D)
+    if problem.is_empty:  # no kernel: attention() gives zeros (SDPA's math path does)
+        out.zero_()
     else:
-        run(config, problem, inputs.q, inputs.k, inputs.v, scale, out, None, inputs.scales)
-    ref, _ = reference_attention(*inputs.reference, causal=problem.causal, scale=scale,
+        _bound(config, problem, inputs, out=out).explained()
+    if problem.decode:
+        out = out.transpose(1, 2)  # (B, Nq, Hq, D) as the reference's (B, H, N, D)
+    ref, _ = reference_attention(*inputs.reference, causal=problem.causal, scale=resolve_scale(None, problem.head_dim),
                                  causal_align=problem.causal_align)
     return compare(out, ref)
 
 
-def _backward_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, grads) -> Callable[[], object]:
-    """One backward pass of ``inputs`` into ``grads`` (dq, dk, dv), as a call."""
-    q, k, v, out, dout, lse = inputs.q, inputs.k, inputs.v, inputs.out, inputs.dout, inputs.lse
-    plan = BackwardPlan(config, q, k, v, out, dout, *grads, resolve_scale(None, problem.head_dim),
-                        problem.causal_offset, problem.causal)
-    return _explained(config, lambda: plan(q, k, v, out, dout, lse, *grads))
-
-
-def _explained(config: KernelConfig, fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` with Triton's resource and compile failures as errors naming the variant."""
-    def call():
-        try:
-            return fn()
-        except Exception as exc:
-            failure = explain_launch_failure(config, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-    return call
-
-
-def _decode_plan(config: KernelConfig, problem: Problem, inputs: TrialInputs, out) -> Callable[[], object]:
-    """One KV-cache attention step of ``inputs`` (lengths read on the device), as a call."""
-    plan = DecodePlan(config, inputs.q, inputs.k, inputs.v, None, None, out, None, inputs.block_table,
-                      resolve_scale(None, problem.head_dim), problem.causal)
-    q, k, v, lengths, table = inputs.q, inputs.k, inputs.v, inputs.lengths, inputs.block_table
-    return _explained(config, lambda: plan(q, k, v, None, None, lengths, table, 0, out, None))
+def _bound(config: KernelConfig, problem: Problem, inputs: TrialInputs, out: torch.Tensor | None = None,
+           grads: tuple | None = None) -> Bound:
+    """``config``'s plan on ``inputs`` writing ``out`` (backward: ``grads``, dq, dk, dv)."""
+    return bind(config, problem, Operands(inputs.q, inputs.k, inputs.v, inputs.out if grads is not None else out,
+                                          inputs.scales, inputs.lengths, inputs.block_table, inputs.dout,
+                                          inputs.lse, grads))
 
 
 def time_callable(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> Timing:
@@ -106,14 +85,10 @@ def time_config(config: KernelConfig, problem: Problem, inputs: TrialInputs, rep
     check_interpretable(inputs.q)
     if problem.backward:
         grads = tuple(torch.empty_like(t) for t in (inputs.q, inputs.k, inputs.v))
-        return time_callable(_backward_plan(config, problem, inputs, grads), rep_ms=rep_ms, device=inputs.q.device.type)
-    out, _ = allocate_outputs(inputs.q, problem, return_lse=False)
-    if problem.decode:
-        return time_callable(_decode_plan(config, problem, inputs, out), rep_ms=rep_ms, device=inputs.q.device.type)
-    plan = prepare(config, inputs.q, inputs.k, inputs.v, out, None, resolve_scale(None, problem.head_dim),
-                   problem.causal_offset, problem.causal, inputs.scales)
-    q, k, v, scales = inputs.q, inputs.k, inputs.v, inputs.scales
-    return time_callable(lambda: plan(q, k, v, out, None, scales), rep_ms=rep_ms, device=q.device.type)
+        bound = _bound(config, problem, inputs, grads=grads)
+    else:
+        bound = _bound(config, problem, inputs, out=allocate_outputs(inputs.q, problem, return_lse=False)[0])
+    return time_callable(bound.explained, rep_ms=rep_ms, device=inputs.q.device.type)
 
 
 def peak_extra_bytes(fn: Callable[[], object]):

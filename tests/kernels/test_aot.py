@@ -256,7 +256,7 @@ def test_wide_gluon_kernels_fit_without_spills(head_dim):
 
 @pytest.mark.parametrize("head_dim, pad, config", [(192, 256, "wide"), (96, 128, "default")])
 def test_gluon_products_read_only_the_real_head_dim_columns(head_dim, pad, config):
-    """Past a padded head dim (launcher.d_rest) the Gluon forward's Q K^T runs over the first
+    """Past a padded head dim (fwd.d_rest) the Gluon forward's Q K^T runs over the first
     half and the next power of two of columns, and where that second part is at least 64
     columns wide (D=192) O accumulates in two parts of those widths: the tensor-core work (the
     N widths of every HGMMA, summed over the kernel's SASS) is then head_dim / pad of the same
@@ -313,7 +313,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from fa_autotune.kernels.aot import _specialize, disassemble, named_barriers, sass_loops
-from fa_autotune.kernels.launcher import VarlenPlan
+from fa_autotune.kernels.varlen import VarlenPlan
 from fa_autotune.spec.config import KernelConfig
 config = KernelConfig.from_mapping({config.to_dict()!r})
 q = torch.empty(3000, 16, 128, device="meta", dtype=torch.bfloat16)
@@ -321,7 +321,7 @@ k = torch.empty(3500, 4, 128, device="meta", dtype=torch.bfloat16)
 cu = torch.empty({sequences + 1}, device="meta", dtype=torch.int32)
 out, lse = torch.empty_like(q), torch.empty(16, 3000, device="meta")
 plan = VarlenPlan(config, q, k, k, cu, 1024, 0.1, True, out, lse)
-launch, args = plan.launch, plan.args(q, k, k, cu, cu, out, lse)
+launch, args = plan.launches(q, k, k, cu, cu, out, lse)[-1]
 signature, consts, attrs = _specialize(launch, args + launch.fixed)
 source = (GluonASTSource if isinstance(launch.kernel, GluonJITFunction) else ASTSource)
 compiled = triton.compile(source(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -369,7 +369,7 @@ def test_decode_variants_compile_for_hopper(problem, changes):
     """KV-cache kernels (attend, combine when split, append; the units scan when balanced)
     compile for sm_90 with their K/V tiles loaded asynchronously (cp.async, or TMA boxes:
     cp.async.bulk.tensor) and no spills, paged or not, and fit in shared memory."""
-    from fa_autotune.kernels.aot import decode_example
+    from fa_autotune.kernels.plans import bind, example
 
     config = KernelConfig(loop_order="decode", BLOCK_M=changes.pop("BLOCK_M", 16), **changes)
     (result,) = compile_many([config], problem, jobs=1)
@@ -383,7 +383,8 @@ def test_decode_variants_compile_for_hopper(problem, changes):
     assert (counts["cp.async.bulk.tensor"] > 0) == tma and (counts["cp.async.cg.shared.global"] > 0) != tma
     assert main.stack_bytes in (0, None)
     assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
-    launches = [launch.kernel.__name__ for launch, _ in decode_example(config, problem, "meta", append=True).arguments()]
+    bound = bind(config, problem, example(config, problem, "meta", append=True))
+    launches = [launch.kernel.__name__ for launch, _ in bound.launches()]
     assert launches[0] == f"{config.name}_append" and config.name in launches
 
 
@@ -412,7 +413,7 @@ def test_backward_variants_compile_for_hopper(problem, changes):
     """The three backward kernels compile for sm_90 and fit; 64 x 64 tiles use wgmma (a dot of
     fewer than a warpgroup's 64 rows gets mma.sync)."""
     config = KernelConfig(loop_order="backward", **changes)
-    (result,) = compile_many([config], problem, jobs=1)
+    (result,) = compile_many([config], problem.with_kind("bwd"), jobs=1)
     assert result.status == "ok", result.error
     parts = ("preprocess", "dkdv") if config.dq_atomic else ("preprocess", "dkdv", "dq")
     assert {k.kernel for k in result.kernels} == {f"{config.name}_{part}" for part in parts}
@@ -443,7 +444,7 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     step loops keep their values in registers (at D=128 they once spilled 193 instructions a
     step, which halved its speed; a GQA causal variant now reloads about a dozen values a
     step, in loops of 700-1100 instructions). dK and dV leave through TMA stores."""
-    from fa_autotune.kernels.launcher import triton_backward
+    from fa_autotune.kernels.bwd import triton_backward
 
     problem = Problem(2, 16, 4, 2048, 2048, head_dim, "bfloat16", causal=True, kind="bwd")
     (result,) = compile_many([config], problem, jobs=1, sass=config.dq_atomic)

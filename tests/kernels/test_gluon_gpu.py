@@ -220,9 +220,9 @@ def test_causal_grid_in_l2_sections(monkeypatch, section, n):
     of four (which does not divide the 15 heads, so the last section is narrower) cover
     every tile once, on a full grid and on a persistent one (static and dynamic). Distinct lengths keep each case's
     launch plan apart from the others'."""
-    from fa_autotune.kernels import launcher
+    from fa_autotune.kernels import fwd
 
-    monkeypatch.setattr(launcher, "l2_section", lambda *args: section)
+    monkeypatch.setattr(fwd, "l2_section", lambda *args: section)
     q, k, v = make_qkv(3, 5, 5, n, n, 128, torch.float16, "cuda")
     for grid in (dict(persistent=0), dict(persistent=1), dict(persistent=1, dynamic=True)):
         out, lse = attention(q, k, v, causal=True, config=dict(BASE, **grid), return_lse=True)
@@ -232,7 +232,8 @@ def test_causal_grid_in_l2_sections(monkeypatch, section, n):
 def test_every_output_element_written():
     q, k, v = make_qkv(2, 4, 4, 333, 333, 64, torch.float16, "cuda")
     out = torch.full_like(q, float("nan"))
-    from fa_autotune.kernels.launcher import run, resolve_scale
+    from fa_autotune.kernels.fwd import run
+    from fa_autotune.kernels.launch import resolve_scale
     from fa_autotune.spec.config import KernelConfig
     from fa_autotune.spec.problem import problem_from_tensors
 

@@ -36,7 +36,7 @@ def test_render_is_deterministic_valid_python(config):
 
 @pytest.mark.parametrize("config", SAMPLE, ids=lambda c: c.name)
 def test_rendered_modules_hold_kernels_and_constants_only(config):
-    """Host code lives once in kernels/launcher.py: a rendered module imports Triton alone,
+    """Host code lives once in the plans of kernels/: a rendered module imports Triton alone,
     defines only @triton.jit functions, and ends with its KernelModule interface."""
     tree = ast.parse(render.render(config).source)
     imports = {alias.name for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fa_autotune
-from fa_autotune.kernels.launcher import BackwardPlan
+from fa_autotune.kernels.bwd import BackwardPlan
 from fa_autotune.runtime.api import attention_backward
 from fa_autotune.spec.config import KernelConfig
 

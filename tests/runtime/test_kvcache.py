@@ -101,7 +101,7 @@ def test_cache_rows_past_the_lengths_may_hold_nan(access, dtype, head_dim, devic
     """What a cache holds past a sequence's length is never attended: NaN there (a freed
     page's leftovers) changes nothing, whether the kernel reads through pointers or TMA
     boxes (which read whole tiles; head dim 80 pads the box to 128 columns)."""
-    from fa_autotune.kernels.launcher import DecodePlan
+    from fa_autotune.kernels.decode import DecodePlan
 
     k_cache, v_cache, _ = make_cache(3, 64, 2, head_dim, dtype=dtype, device=device)
     lengths = [5, 64, 23]
@@ -121,7 +121,7 @@ def test_cache_rows_past_the_lengths_may_hold_nan(access, dtype, head_dim, devic
 def test_tma_falls_back_to_pointers_where_tma_cannot_read(device):
     """A TMA decode config over a layout no descriptor can address (rows 20 fp16 = 40 bytes
     apart) or a paged cache runs the same kernel on pointers, and is right."""
-    from fa_autotune.kernels.launcher import DecodePlan
+    from fa_autotune.kernels.decode import DecodePlan
 
     config = fa_autotune.KernelConfig(**{**DECODE, "access": "tensor_desc"})
     k_cache, v_cache, _ = make_cache(2, 32, 1, 20, device=device)
@@ -171,10 +171,10 @@ def test_balanced_split_cuts_row_tiles_anywhere(monkeypatch, programs, device):
     causal: runs that start and end inside a row tile, one tile shared by several runs,
     programs with nothing to do (64 > the steps), tiles without keys (zeros and -inf LSE);
     then num_splits=2 asked explicitly over the same persistent config (a fixed split)."""
-    from fa_autotune.kernels import launcher
+    from fa_autotune.kernels import decode
     from fa_autotune.runtime import kvcache
 
-    monkeypatch.setattr(launcher, "_sm_count", lambda device: programs)
+    monkeypatch.setattr(decode, "_sm_count", lambda device: programs)
     monkeypatch.setattr(kvcache, "_PLANS", {})
     lengths = [100, 0, 7, 61, 2]
     k_cache, v_cache, table = make_cache(len(lengths), 112, 2, 32, page=16, device=device)
@@ -193,10 +193,10 @@ def test_balanced_split_merges_a_row_tile_cut_into_more_pieces_than_one_load(mon
     """One long sequence on 40 programs of 2 key steps each: its row tile is cut into 22
     pieces, more than the combine loads at once (MERGE_PIECES), so each row's merge takes
     several rounds; the padding rows of the 16-row tile (group 2, one token) get no program."""
-    from fa_autotune.kernels import launcher
+    from fa_autotune.kernels import decode
     from fa_autotune.runtime import kvcache
 
-    monkeypatch.setattr(launcher, "_sm_count", lambda device: 40)
+    monkeypatch.setattr(decode, "_sm_count", lambda device: 40)
     monkeypatch.setattr(kvcache, "_PLANS", {})
     k_cache, v_cache, table = make_cache(1, 720, 1, 32, device=device)
     q = torch.randn(1, 1, 2, 32, dtype=torch.float16, device=device)
@@ -208,7 +208,7 @@ def test_balanced_split_merges_a_row_tile_cut_into_more_pieces_than_one_load(mon
 
 def test_balanced_split_refuses_what_its_int32_step_count_cannot_hold():
     """32768 row tiles x 2**16 steps of 32 keys: the units scan would wrap; the plan says so."""
-    from fa_autotune.kernels.launcher import DecodePlan
+    from fa_autotune.kernels.decode import DecodePlan
 
     config = fa_autotune.KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=32, persistent=1)
     q = torch.empty(256, 1, 128, 16, device="meta", dtype=torch.float16)

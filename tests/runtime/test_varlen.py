@@ -110,18 +110,18 @@ def test_plans_are_kept_and_lengths_can_go_unchecked(monkeypatch):
     new lengths of the same batch and longest sequence; a different longest sequence gets its
     own plan. check_lengths=False skips the host read-back (a serving engine's lengths are
     trusted; a wrong one is then the caller's)."""
-    from fa_autotune.kernels import launcher
+    from fa_autotune.kernels import varlen
     from fa_autotune.runtime import api
 
     built = []
 
-    class Counting(launcher.VarlenPlan):
+    class Counting(varlen.VarlenPlan):
         def __init__(self, *args, **kwargs):
             built.append(args[0])
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(api, "_PLANS", {})
-    monkeypatch.setattr(launcher, "VarlenPlan", Counting)
+    monkeypatch.setattr(varlen, "VarlenPlan", Counting)
     q, k, v, cu_q, cu_k = packed([5, 12, 3], [9, 12, 7])
     first = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, 12, 12, causal=True)
     check_each_sequence(first, None, q, k, v, cu_q, cu_k, True)
