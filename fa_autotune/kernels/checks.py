@@ -3,6 +3,8 @@ beyond what :class:`~fa_autotune.spec.config.KernelConfig` checks on its own (TM
 warp specialization, FP8). Every failure is a :class:`ConfigError` naming the parameter."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..errors import ConfigError
@@ -15,37 +17,88 @@ _TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
 _RESCALE_LIMIT = {"float16": 15, "float8_e4m3fn": 8, "float8_e5m2": 15}
 
 
-def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor) -> None:
-    """Raise :class:`ConfigError` (naming the parameter) if ``config`` cannot run these tensors."""
-    device = tensors[0].device
-    capability = _capability(device)
+@dataclass(frozen=True)
+class Layout:
+    """What the rules of :func:`why_not` need to know of a call's q, k and v, read once: the
+    device, its compute capability, why a TMA descriptor cannot address each tensor as the
+    kernels read it (None where it can; FP8 V sequence-contiguous), and each tensor's span of
+    one head in elements (what 32-bit pointer offsets must reach)."""
+
+    device: str
+    capability: tuple[int, int] | None
+    tma: tuple[str | None, str | None, str | None]
+    spans: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "Layout":
+        tma = tuple(_tma_reason(name, t) for name, t in zip("qkv", _tma_views(problem, q, k, v)))
+        spans = tuple(_span(t.shape[2], t.shape[3], t.stride(2), t.stride(3)) for t in (q, k, v))
+        return cls(q.device.type, _capability(q.device), tma, spans)
+
+    @property
+    def tma_ok(self) -> bool:
+        return not any(self.tma)
+
+
+def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigError | None:
+    """The first rule ``config`` breaks on tensors of ``layout`` (a :class:`ConfigError`
+    naming the parameter), or None where it can run them. Pure: the dispatcher chooses among
+    configs with it, no exception raised and caught."""
+    capability = layout.capability
     if config.access == "tensor_desc":
         if capability is not None and capability < (9, 0):
-            raise ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
-        for name, t in zip("qkv", _tma_views(problem, *tensors)):
-            _check_tma_layout(name, t)
+            return ConfigError("access", "'tensor_desc' (TMA) needs a Hopper GPU (sm_90) or newer")
+        reason = next((r for r in layout.tma if r), None)
+        if reason:
+            return ConfigError("access", reason)
     if config.language == "gluon":
-        _check_gluon(problem.dtype, device, capability)
+        reason = _gluon_reason(problem.dtype, layout.device, capability)
+        if reason:
+            return ConfigError("language", reason)
     elif config.access != "tensor_desc":
-        for name, t in zip("qkv", tensors[:3]):
-            check_offsets(name, t.shape[2], t.shape[3], t.stride(2), t.stride(3), config.access)
+        for name, span in zip("qkv", layout.spans):
+            if span > MAX_OFFSET:
+                return ConfigError("access", _offsets_message(name, span, config.access))
     if config.warp_specialize:
-        _check_warp_specialize(config, problem, capability)
+        error = _warp_specialize_error(config, problem, capability)
+        if error:
+            return error
     if problem.is_fp8:
-        _check_fp8(config, capability, *tensors)
+        error = _fp8_error(config, capability)
+        if error:
+            return error
     limit = _RESCALE_LIMIT.get(problem.dtype)
     if limit is not None and config.rescale_threshold > limit:
-        raise ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
-                          f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
+        return ConfigError("rescale_threshold", f"{config.rescale_threshold} lets probabilities reach "
+                           f"2**{config.rescale_threshold}, past {problem.dtype}'s range; use at most {limit}")
+    return None
+
+
+def check_config(config: KernelConfig, problem: Problem, *tensors: torch.Tensor) -> None:
+    """Raise :class:`ConfigError` (naming the parameter) if ``config`` cannot run these tensors."""
+    error = why_not(config, problem, Layout.of(problem, *tensors[:3]))
+    if error is not None:
+        raise error
 
 
 def check_gluon_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> None:
-    """The Gluon dK/dV pass reads Q, K, V and dO through TMA on Hopper, in fp16/bf16 (dK
-    and dV are stored through TMA too, into buffers of their own when their layout cannot be)."""
+    """Raise :func:`gluon_backward_error`'s error, if any."""
+    error = gluon_backward_error(q, k, v, dout)
+    if error is not None:
+        raise error
+
+
+def gluon_backward_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor) -> ConfigError | None:
+    """Why the Gluon dK/dV pass cannot run these tensors, or None: it reads Q, K, V and dO
+    through TMA on Hopper, in fp16/bf16 (dK and dV are stored through TMA too, into buffers of
+    their own when their layout cannot be)."""
     if q.device.type != "meta":  # meta tensors: ahead-of-time compilation, no device to check
-        _check_gluon(str(q.dtype).removeprefix("torch."), q.device, _capability(q.device))
-    for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)):
-        _check_tma_layout(name, t)
+        reason = _gluon_reason(str(q.dtype).removeprefix("torch."), q.device.type, _capability(q.device))
+        if reason:
+            return ConfigError("language", reason)
+    reason = next((r for r in (_tma_reason(name, t) for name, t in (("q", q), ("k", k), ("v", v), ("dout", dout)))
+                   if r), None)
+    return ConfigError("access", reason) if reason else None
 
 
 MAX_OFFSET = 2**31 - 1  # pointer and block-pointer kernels index within one head in 32 bits
@@ -55,49 +108,61 @@ def check_offsets(name: str, rows: int, cols: int, stride_row: int, stride_col: 
     """One head of ``name`` must be addressable with 32-bit offsets by pointer and
     block-pointer kernels (heads and batches are offset in 64 bits): past that, loads would
     wrap around and read the wrong memory."""
-    span = max(rows - 1, 0) * abs(stride_row) + max(cols - 1, 0) * abs(stride_col)
+    span = _span(rows, cols, stride_row, stride_col)
     if span > MAX_OFFSET:
-        raise ConfigError("access", f"{name}: one head spans {span} elements, past the 32-bit offsets of "
-                          f"access={access!r} kernels; use access='tensor_desc' (Hopper, TMA) or store the "
-                          "heads outermost (batch, heads, seqlen, head_dim)")
+        raise ConfigError("access", _offsets_message(name, span, access))
 
 
-def _check_gluon(dtype: str, device: torch.device, capability: tuple[int, int] | None) -> None:
+def _span(rows: int, cols: int, stride_row: int, stride_col: int) -> int:
+    return max(rows - 1, 0) * abs(stride_row) + max(cols - 1, 0) * abs(stride_col)
+
+
+def _offsets_message(name: str, span: int, access: str) -> str:
+    return (f"{name}: one head spans {span} elements, past the 32-bit offsets of access={access!r} kernels; use "
+            "access='tensor_desc' (Hopper, TMA) or store the heads outermost (batch, heads, seqlen, head_dim)")
+
+
+def _gluon_reason(dtype: str, device: str, capability: tuple[int, int] | None) -> str | None:
     """The Gluon kernels are written for Hopper's wgmma and TMA, in fp16/bf16."""
-    if device.type != "cuda":
-        raise ConfigError("language", "language='gluon' runs on Hopper GPUs only; Triton's interpreter cannot run "
-                          "Gluon (use language='triton')")
+    if device != "cuda":
+        return ("language='gluon' runs on Hopper GPUs only; Triton's interpreter cannot run Gluon "
+                "(use language='triton')")
     if capability is not None and capability[0] != 9:
-        raise ConfigError("language", f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is "
-                          f"sm_{capability[0]}{capability[1]}")
+        return f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is sm_{capability[0]}{capability[1]}"
     if dtype not in ("float16", "bfloat16"):
-        raise ConfigError("language", f"language='gluon' runs float16 and bfloat16, not {dtype}")
+        return f"language='gluon' runs float16 and bfloat16, not {dtype}"
+    return None
 
 
-def _check_warp_specialize(config: KernelConfig, problem: Problem, capability: tuple[int, int] | None) -> None:
+def _warp_specialize_error(config: KernelConfig, problem: Problem,
+                           capability: tuple[int, int] | None) -> ConfigError | None:
     """Triton 3.6 warp-specializes one unmasked K/V loop correctly; measured on an H200,
     a masked loop returned NaN and a second loop after it failed to compile."""
     if capability is not None and capability < (9, 0):
-        raise ConfigError("warp_specialize", "warp specialization needs a Hopper GPU (sm_90) or newer")
+        return ConfigError("warp_specialize", "warp specialization needs a Hopper GPU (sm_90) or newer")
     if problem.causal:
-        raise ConfigError("warp_specialize", "causal masking cannot be warp-specialized (Triton 3.6 miscompiles it)")
+        return ConfigError("warp_specialize", "causal masking cannot be warp-specialized (Triton 3.6 miscompiles it)")
     if problem.seqlen_k % config.BLOCK_N:
-        raise ConfigError(
+        return ConfigError(
             "warp_specialize", f"needs seqlen_k ({problem.seqlen_k}) to be a multiple of BLOCK_N ({config.BLOCK_N})"
         )
+    return None
 
 
-def _check_fp8(config: KernelConfig, capability: tuple[int, int] | None, q, k, v) -> None:
+def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None) -> ConfigError | None:
     """FP8 kernels exist for the Q-outer loop with one Q tile per program; Hopper's FP8
     MMA (or Ada's) does the dots."""
     if config.loop_order != "q_outer":
-        raise ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+        return ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
     if config.q_tiles != 1:
-        raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+        return ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
     if config.BLOCK_N < 32:
-        raise ConfigError("BLOCK_N", f"FP8 needs BLOCK_N >= 32 (the PV product's FP8 MMA reduces over 32), got {config.BLOCK_N}")
+        return ConfigError("BLOCK_N", f"FP8 needs BLOCK_N >= 32 (the PV product's FP8 MMA reduces over 32), "
+                           f"got {config.BLOCK_N}")
     if capability is not None and capability < (8, 9):
-        raise ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got sm_{capability[0]}{capability[1]}")
+        return ConfigError("config", f"FP8 needs an sm_89 (Ada) or sm_90 (Hopper) GPU, got "
+                           f"sm_{capability[0]}{capability[1]}")
+    return None
 
 
 def check_fp8_scales(config: KernelConfig, q_scale, k_scale, v_scale, block_q: int, block_k: int) -> None:
@@ -118,27 +183,28 @@ def per_block(scale) -> bool:
 
 
 def _check_tma_layout(name: str, t: torch.Tensor) -> None:
+    reason = _tma_reason(name, t)
+    if reason:
+        raise ConfigError("access", reason)
+
+
+def _tma_reason(name: str, t: torch.Tensor) -> str | None:
     """What a TMA descriptor asserts of the tensor it addresses: every stride of a size-1 axis
     too (the descriptor checks them all; such a tensor gets the fallback, not an assertion)."""
     size = t.element_size()
     if t.stride(3) != 1:
-        raise ConfigError("access", f"'tensor_desc' needs {name}'s head dim contiguous (stride 1), got strides {t.stride()}")
+        return f"'tensor_desc' needs {name}'s head dim contiguous (stride 1), got strides {t.stride()}"
     for axis, label in ((0, "batch"), (1, "head"), (2, "row")):
         if (t.stride(axis) * size) % _TMA_ALIGN:
-            raise ConfigError(
-                "access", f"'tensor_desc' needs 16-byte aligned strides; {name}'s {label} stride is {t.stride(axis) * size} bytes"
-            )
+            return f"'tensor_desc' needs 16-byte aligned strides; {name}'s {label} stride is {t.stride(axis) * size} bytes"
     if t.data_ptr() % _TMA_ALIGN:
-        raise ConfigError("access", f"'tensor_desc' needs {name} to start on a 16-byte boundary")
+        return f"'tensor_desc' needs {name} to start on a 16-byte boundary"
+    return None
 
 
 def tma_layout_ok(t: torch.Tensor) -> bool:
-    """Whether a TMA descriptor can address ``t`` (B, H, N, D) as it is (_check_tma_layout)."""
-    try:
-        _check_tma_layout("tensor", t)
-    except ConfigError:
-        return False
-    return True
+    """Whether a TMA descriptor can address ``t`` (B, H, N, D) as it is."""
+    return _tma_reason("tensor", t) is None
 
 
 def _tma_views(problem: Problem, q, k, v) -> tuple:
@@ -151,14 +217,9 @@ def check_tma_output(out: torch.Tensor) -> None:
     _check_tma_layout("the output", out)
 
 
-def tma_compatible(problem: Problem, q, k, v) -> bool:
-    """Whether q, k, v meet TMA's layout rules (so a dispatched TMA config can run them)."""
-    try:
-        for t in _tma_views(problem, q, k, v):
-            _check_tma_layout("tensor", t)
-    except ConfigError:
-        return False
-    return True
+def tma_output_reason(out: torch.Tensor) -> str | None:
+    """Why a kernel cannot store ``out`` (B, H, N, D) through TMA, or None."""
+    return _tma_reason("the output", out)
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:

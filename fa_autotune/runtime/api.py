@@ -17,10 +17,10 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import ConfigError, InputError
+from ..errors import InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
-from ..kernels.checks import (check_config, check_fp8_scales, check_gluon_backward, check_offsets, check_tma_output,
-                              per_block, tma_compatible)
+from ..kernels.checks import (Layout, check_config, check_fp8_scales, check_offsets, check_tma_output,
+                              gluon_backward_error, per_block, tma_output_reason, why_not)
 from ..kernels.bwd import BackwardPlan
 from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
 from ..kernels.launch import check_interpretable, explained, resolve_scale
@@ -29,6 +29,7 @@ from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
+from .select import runnable, select
 
 
 @dataclass(frozen=True)
@@ -228,11 +229,8 @@ def _backward_config(problem: Problem, q, k, v, dout, deterministic: bool = Fals
     chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
     if chosen.loop_order != "backward":
         chosen = backward_default(problem, capability)
-    if chosen.language == "gluon":
-        try:
-            check_gluon_backward(q, k, v, dout)
-        except ConfigError:
-            chosen = backward_default(problem, capability, gluon=False)
+    if chosen.language == "gluon" and gluon_backward_error(q, k, v, dout) is not None:
+        chosen = backward_default(problem, capability, gluon=False)
     if deterministic and chosen.dq_atomic:  # its own dQ pass, shaped as the Triton built-in one
         if chosen.language == "gluon":  # beside the dQ pass the Gluon pass steps 64 query rows
             return GLUON_BACKWARD_TWO_PASS.with_(consumers=chosen.consumers)
@@ -414,15 +412,16 @@ def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recip
 
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
     """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
-    attention()'s dispatch adapts (:func:`_adapt`), after its tiles shrink into the inputs'
+    attention()'s dispatch adapts (:func:`.select.runnable`), after its tiles shrink into the inputs'
     scaling blocks; the FP8 default, adapted alike, is the last resort."""
     if explicit:
         _check_fp8_config(config, problem, inputs)
         return config
     default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
     default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
+    layout = Layout.of(problem, inputs.q, inputs.k, inputs.v)
     for candidate in (config, default):
-        fitted = _adapt(_within_scale_blocks(candidate, inputs), problem, inputs.q, inputs.k, inputs.v)
+        fitted = runnable(_within_scale_blocks(candidate, inputs), problem, layout)
         if fitted is not None:
             return fitted
     _check_fp8_config(default, problem, inputs)  # raises, naming the parameter
@@ -461,51 +460,10 @@ def _check_scales(inputs, problem: Problem) -> None:
 
 
 def _dispatched(problem: Problem, q, k, v) -> Choice:
-    """The dispatcher's choice, adapted to these tensors: a borrowed config may not suit
-    them (TMA needs aligned rows; warp specialization no masking), so it degrades to the
-    same tiles without those features, and to the built-in default as a last resort."""
+    """The dispatcher's choice, made runnable on these tensors (:func:`.select.select`)."""
+    gpu = gpu_of(q.device.type, q.device.index or 0)
     choice = DISPATCHER.choose(problem, q.device.type, q.device.index or 0)
-    usable = _adapt(choice.config, problem, q, k, v)
-    if usable is not None:
-        return Choice(usable, choice.source, choice.matched, choice.distance, choice.origin)
-    for default in defaults_for(problem, gpu_of(q.device.type, q.device.index or 0)):
-        usable = _adapt(default, problem, q, k, v)
-        if usable is not None:
-            return Choice(usable, "default", None, float("inf"), "built-in")
-    check_config(default, problem, q, k, v)  # nothing can run these tensors: raises, naming why
-    return Choice(default, "default", None, float("inf"), "built-in")
-
-
-def _adapt(config: KernelConfig, problem: Problem, q, k, v) -> KernelConfig | None:
-    """``config``, or the same tiles without TMA / warp specialization (and then without
-    its persistent grid), if these tensors need that; None if neither can run them. A Gluon
-    config has no such variants: it runs as it is or not at all (then the caller falls back
-    to the built-in default)."""
-    if config.language == "gluon":
-        try:
-            check_config(config, problem, q, k, v)
-        except ConfigError:
-            return None
-        return config
-    if config.access == "tensor_desc" and not tma_compatible(problem, q, k, v):
-        config = _without_warp_specialization(config, access="block_ptr")
-    for candidate in (config, _without_warp_specialization(config)):
-        try:
-            check_config(candidate, problem, q, k, v)
-        except ConfigError:
-            continue
-        return candidate
-    return None
-
-
-def _without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig:
-    """The same tiles unspecialized (with ``changes``, in one step: a half-changed config may
-    not validate); a persistent grid goes too, since it was chosen for the producer warps'
-    overlap: the FP8 128x256 kernel ran at 0.38x on it without them
-    (benchmarks/results/2026-11-30-h200-fp8-structure/results.md)."""
-    if config.warp_specialize:
-        changes.update(warp_specialize=False, persistent=0)
-    return config.with_(**changes)
+    return select(problem, Layout.of(problem, q, k, v), choice, defaults_for(problem, gpu))
 
 
 def _make_plan(key, q, k, v, causal, scale, causal_align, return_lse) -> _Plan:
@@ -619,13 +577,9 @@ def attention_varlen(
         chosen = None
         if dispatched.language == "gluon":
             equal = q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k
-            try:
-                candidate = varlen_grid(dispatched, causal, equal, batch)
-                check_config(candidate, dense, *views)
-                check_tma_output(out_view)
+            candidate = varlen_grid(dispatched, causal, equal, batch)
+            if why_not(candidate, dense, Layout.of(dense, *views)) is None and tma_output_reason(out_view) is None:
                 chosen = candidate
-            except ConfigError:
-                pass
         if chosen is None:
             chosen = varlen_config(dispatched, default_for(problem, gpu, gluon=False))
     else:

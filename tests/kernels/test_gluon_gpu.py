@@ -247,9 +247,12 @@ def test_unreadable_layout_degrades_to_triton(monkeypatch, tmp_path):
     """A dispatched Gluon config cannot take a head dim that is not contiguous (TMA): the
     dispatcher runs the built-in Triton default instead of failing."""
     import fa_autotune
+    from fa_autotune.kernels.checks import Layout
     from fa_autotune.runtime import api
+    from fa_autotune.runtime.select import runnable
 
     q, k, v = make_qkv(1, 4, 4, 256, 256, 64, torch.float16, "cuda")
     q = q.transpose(2, 3).contiguous().transpose(2, 3)
-    assert api._adapt(fa_autotune.KernelConfig(**BASE), api._plain_problem(q, k, v, False, "top_left"), q, k, v) is None
+    problem = api._plain_problem(q, k, v, False, "top_left")
+    assert runnable(fa_autotune.KernelConfig(**BASE), problem, Layout.of(problem, q, k, v)) is None
     assert_close_to_reference(attention(q, k, v), q, k, v)

@@ -185,7 +185,7 @@ def test_deterministic_gluon_backward_keeps_its_dq_pass(monkeypatch):
 
     inside = GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2, consumers=1)
     monkeypatch.setattr(api.DISPATCHER, "choose", lambda problem, device_type, index: SimpleNamespace(config=inside))
-    monkeypatch.setattr(api, "check_gluon_backward", lambda *tensors: None)  # as if TMA could read them
+    monkeypatch.setattr(api, "gluon_backward_error", lambda *tensors: None)  # as if TMA could read them
     q, k, v = (torch.randn(1, 2, 64, 64, dtype=torch.float16) for _ in range(3))
     problem = fa_autotune.Problem(1, 2, 2, 64, 64, 64, "float16", kind="bwd")
     assert api._backward_config(problem, q, k, v, q, False) == inside

@@ -1,0 +1,76 @@
+"""The config that runs, chosen by one pure function: layouts written by hand (no tensors, no
+GPU), every fallback a value, the error of the last default where nothing can run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fa_autotune.errors import ConfigError
+from fa_autotune.kernels.checks import Layout, check_config, why_not
+from fa_autotune.runtime.dispatch import Choice
+from fa_autotune.runtime.select import runnable, select
+from fa_autotune.spec.config import KernelConfig
+from fa_autotune.spec.problem import Problem
+
+HOPPER = (9, 0)
+ALIGNED = Layout("cuda", HOPPER, (None, None, None), (1000, 1000, 1000))
+MISALIGNED = Layout("cuda", HOPPER, (None, "'tensor_desc' needs k to start on a 16-byte boundary", None),
+                    (1000, 1000, 1000))
+PROBLEM = Problem(2, 8, 8, 1024, 1024, 64, "float16")
+WS = KernelConfig(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, access="tensor_desc", warp_specialize=True,
+                  persistent=1)
+GLUON = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_stages=2, consumers=2,
+                     consumer_regs=240)
+TRITON = KernelConfig(BLOCK_M=64, BLOCK_N=64)
+
+
+def _choice(config: KernelConfig) -> Choice:
+    return Choice(config, "shipped", PROBLEM, 0.0, "tuning_db/nvidia-h200.attn_fwd.json")
+
+
+def test_a_tma_config_on_unaligned_tensors_runs_its_tiles_on_block_pointers():
+    """No TMA: the same tiles on block pointers, unspecialized and without the persistent grid
+    chosen for the producer warps; the dispatcher's source and match are kept."""
+    chosen = select(PROBLEM, MISALIGNED, _choice(WS), [TRITON])
+    assert chosen.config == WS.with_(access="block_ptr", warp_specialize=False, persistent=0)
+    assert chosen.source == "shipped" and chosen.matched == PROBLEM
+    assert select(PROBLEM, ALIGNED, _choice(WS), [TRITON]).config == WS
+
+
+def test_warp_specialization_goes_where_the_problem_masks():
+    causal = Problem(2, 8, 8, 1024, 1024, 64, "float16", causal=True)
+    assert why_not(WS, causal, ALIGNED).parameter == "warp_specialize"
+    assert runnable(WS, causal, ALIGNED) == WS.with_(warp_specialize=False, persistent=0)
+
+
+def test_a_gluon_choice_that_cannot_run_falls_to_the_first_default_that_can():
+    """Gluon has no variants: on a CPU layout (the interpreter) or unaligned tensors it is
+    dropped whole, and the built-in defaults are tried in order."""
+    cpu = Layout("cpu", None, (None, None, None), (1000, 1000, 1000))
+    assert runnable(GLUON, PROBLEM, cpu) is None and runnable(GLUON, PROBLEM, MISALIGNED) is None
+    chosen = select(PROBLEM, cpu, _choice(GLUON), [GLUON, TRITON])
+    assert chosen.config == TRITON and (chosen.source, chosen.matched, chosen.origin) == ("default", None, "built-in")
+
+
+def test_where_nothing_runs_the_last_defaults_reason_is_raised():
+    """A head too long for 32-bit offsets and no TMA: pointer kernels cannot address it."""
+    far = Layout("cuda", HOPPER, (None, "'tensor_desc' needs q's head dim contiguous (stride 1)", None),
+                 (2**31, 1000, 1000))
+    with pytest.raises(ConfigError, match="32-bit offsets") as raised:
+        select(PROBLEM, far, _choice(GLUON), [GLUON, TRITON])
+    assert raised.value.parameter == "access"
+
+
+def test_why_not_is_what_check_config_raises():
+    """The one rule set: check_config raises exactly why_not's error on the tensors' layout."""
+    q = torch.randn(1, 2, 64, 32, dtype=torch.float16).transpose(2, 3).contiguous().transpose(2, 3)
+    k = v = torch.randn(1, 2, 64, 32, dtype=torch.float16)
+    problem = Problem(1, 2, 2, 64, 64, 32, "float16")
+    config = TRITON.with_(access="tensor_desc")
+    layout = Layout.of(problem, q, k, v)
+    assert layout.tma[0] and not layout.tma_ok and layout.device == "cpu" and layout.capability is None
+    error = why_not(config, problem, layout)
+    with pytest.raises(ConfigError) as raised:
+        check_config(config, problem, q, k, v)
+    assert str(raised.value) == str(error) and "head dim contiguous" in str(error)
+    assert why_not(TRITON, problem, layout) is None
