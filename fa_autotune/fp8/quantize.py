@@ -67,11 +67,16 @@ class Fp8Inputs:
     block_q: int
     block_k: int
     seed: int
+    # With a sink tile (quantize_fp8(..., sink_tile=True)): q and k as they were given (not
+    # copied, not rotated); the kernel takes the first K tile's scores from them.
+    sources: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def scales(self) -> tuple:
-        """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k)."""
-        return self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k
+        """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k), and
+        the sink tile's (q, k) sources after them when there are any."""
+        base = (self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k)
+        return base + self.sources if self.sources is not None else base
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """float32 q, k, v with the scales undone but not the Hadamard rotation.
@@ -98,6 +103,7 @@ def quantize_fp8(
     seed: int = 0,
     backend: str = "auto",
     check_finite: bool = True,
+    sink_tile: bool = False,
 ) -> Fp8Inputs:
     """Quantize (B, H, N, D) attention inputs to FP8 with descale factors.
 
@@ -108,8 +114,13 @@ def quantize_fp8(
     passes per tensor; fp16/bf16 inputs), "torch" (eager float32 reference), or "auto"
     (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
     inputs, at the cost of one host-device sync (attention_fp8 skips it, as attention() does
-    not scan its inputs either).
+    not scan its inputs either). ``sink_tile`` keeps q and k themselves (no copy) so that the
+    kernel scores the first K tile from them: with attention sinks (first keys whose scores
+    dwarf the rest, as trained LLMs have) FP8's rounding of Q and K moves those keys' weight
+    by several percent of the output, and this keeps it to V's rounding.
     """
+    if not isinstance(sink_tile, bool):
+        raise InputError(f"sink_tile must be True or False, got {sink_tile!r}")
     _validate(q, k, v, scaling, hadamard, fmt, block_q, block_k, seed)
     _check_choice("backend", backend, BACKENDS)
     if backend == "triton":
@@ -124,7 +135,8 @@ def quantize_fp8(
     if fused and check_finite:  # one host-device sync for all three
         _check_finite({name: (x, s) for name, x, s in (("q", q, q_scale), ("k", k, k_scale), ("v", v, v_scale))})
     return Fp8Inputs(q=q8, k=k8, v=v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, scaling=scaling,
-                     hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed)
+                     hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed,
+                     sources=(q, k) if sink_tile else None)
 
 
 def _fusable(q: torch.Tensor, k: torch.Tensor) -> bool:

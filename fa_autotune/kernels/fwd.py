@@ -18,6 +18,8 @@ from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors,
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
+_SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
+_NO_SOURCES = (None, None)
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
@@ -88,6 +90,7 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     with one Q tile the kernel also takes FP8 inputs (FP8 flag, descales)."""
     kernel = module.KERNELS["main"]
     fp8_capable = "FP8" in kernel.arg_names
+    sources = tuple(scales[5:7]) if scales is not None and len(scales) > 5 else _NO_SOURCES
     if scales is not None:
         if not fp8_capable:
             raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
@@ -97,16 +100,21 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
         scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
         scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
-    if fp8_capable:
-        flags = dict(flags, FP8=scales is not None)
+    if fp8_capable:  # the sink tile's 16-bit sources, or compile-time None
+        for prefix, source in zip(("q16", "k16"), sources):
+            strides = source.stride() if source is not None else (None,) * 4
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), strides))
+        flags = dict(flags, FP8=scales is not None, SINK_TILE=sources[0] is not None)
     batch_heads = scalars["BH"]
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES if fp8_capable else ()), scalars, flags, options)
+    main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES + _SOURCES if fp8_capable else ()), scalars, flags, options)
 
     if fp8_capable:
         def calls(q, k, v, out, lse, scales):
-            return [(main, (q, k, v, out, lse, *(scales[:3] if scales is not None else _NO_SCALES)))]
+            if scales is None:
+                return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]
+            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES)))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (q, k, v, out, lse))]

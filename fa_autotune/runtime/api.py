@@ -8,6 +8,7 @@ so graphs compile without breaks.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import threading
@@ -354,6 +355,7 @@ def attention_fp8(
     enable_gqa: bool | None = None,
     attn_mask: None = None,
     dropout_p: float = 0.0,
+    sink_tile: bool | None = None,
 ):
     """Attention with FP8 Q, K, V: pass what :func:`fa_autotune.quantize_fp8` returned, or
     fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
@@ -365,7 +367,13 @@ def attention_fp8(
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
     fp16/bf16, else bfloat16); otherwise as :func:`attention` (SDPA's keyword names too).
+    ``sink_tile=True`` scores the first K tile from the unquantized q and k (quantize_fp8's
+    ``sink_tile``; for Fp8Inputs, those quantized with it): accurate with attention sinks,
+    at the cost of one 16-bit score tile per Q tile. None: as the Fp8Inputs were quantized,
+    off when quantizing here.
     """
+    if sink_tile is not None and not isinstance(sink_tile, bool):
+        raise InputError(f"sink_tile must be True, False or None, got {sink_tile!r}")
     causal = _sdpa_options(q.q if isinstance(q, Fp8Inputs) else q, q.k if isinstance(q, Fp8Inputs) else k, causal,
                            is_causal, enable_gqa, attn_mask, dropout_p)
     _refuse_grad(q, k, v, *((q.q, q.k, q.v) if isinstance(q, Fp8Inputs) else ()))
@@ -375,6 +383,11 @@ def attention_fp8(
         if k is not None or v is not None:
             raise InputError("pass either one Fp8Inputs or q, k, v, not both")
         inputs, source_dtype = q, None
+        if sink_tile and q.sources is None:
+            raise InputError("sink_tile=True needs q and k before quantization: quantize them with "
+                             "quantize_fp8(..., sink_tile=True)")
+        if sink_tile is False and q.sources is not None:
+            inputs = dataclasses.replace(q, sources=None)
         problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
         if not problem.is_fp8:
             raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")
@@ -390,7 +403,8 @@ def attention_fp8(
         inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
                               hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
                               block_q=tiles[0] if block_q is None else block_q,
-                              block_k=tiles[1] if block_k is None else block_k, check_finite=False)
+                              block_k=tiles[1] if block_k is None else block_k, check_finite=False,
+                              sink_tile=bool(sink_tile))
         source_dtype = q.dtype
     out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
     if out_dtype not in (torch.float16, torch.bfloat16):

@@ -172,3 +172,56 @@ def test_nan_and_inf_inputs_reach_the_output(device, dtype, name, value, scaling
         assert broken.any()  # the case tests something
         out = attention_fp8(*inputs.values(), causal=causal, scaling=scaling, config=SMALL)
         assert not torch.isfinite(out.float())[broken].any()
+
+
+def _sink_inputs(device, hq=4, hkv=2, n_q=100, n_k=100, d=64, seed=0):
+    """Attention sinks as trained LLMs have them: the first 4 keys with norms 40x the rest,
+    their values 10x (fp16, so the sink tile's 16-bit dot runs in the interpreter)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, hq, n_q, d, generator=gen)
+    k, v = (torch.randn(1, hkv, n_k, d, generator=gen) for _ in range(2))
+    k[:, :, :4] *= 40.0
+    v[:, :, :4] *= 10.0
+    return tuple(t.half().to(device) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("causal, align, n_q", [(False, "top_left", 100), (True, "top_left", 100),
+                                                (True, "bottom_right", 70)])
+@pytest.mark.parametrize("scaling", ["per_tensor", "per_block"])
+def test_sink_tile_keeps_attention_sinks_accurate(device, causal, align, n_q, scaling):
+    """With sinks every recipe is off by 0.13-0.15 (FP8's rounding of Q and K, amplified by the
+    sinks' scores); scoring the first K tile from the 16-bit q and k brings it under 0.06,
+    GQA, causal in both alignments and a ragged last tile included, quantized here or ahead."""
+    q, k, v = _sink_inputs(device, n_q=n_q)
+    options = dict(causal=causal, causal_align=align, config=SMALL, scaling=scaling, block_q=32, block_k=32)
+    plain = _error(attention_fp8(q, k, v, **options), q, k, v, causal, align)
+    sink = _error(attention_fp8(q, k, v, sink_tile=True, **options), q, k, v, causal, align)
+    assert plain > 0.1 and sink <= 0.06, (plain, sink)
+    inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32, sink_tile=True)
+    assert inputs.sources[0] is q and inputs.sources[1] is k  # kept, not copied
+    ahead = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL)
+    assert _error(ahead, q, k, v, causal, align) <= 0.06
+    off = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL, sink_tile=False)
+    assert _error(off, q, k, v, causal, align) > 0.1
+
+
+def test_sink_tile_shorter_than_a_tile_and_without_sinks(device):
+    """Fewer keys than one K tile: the sink tile is the whole row. Without sinks the sink tile
+    changes nothing that matters (within the FP8 tolerance, no worse than without it)."""
+    q, k, v = _sink_inputs(device, n_q=20, n_k=20)
+    out = attention_fp8(q, k, v, causal=True, config=SMALL, sink_tile=True)
+    assert _error(out, q, k, v, True) <= 0.06
+    q, k, v = make_qkv(1, 2, 2, 77, 77, 64, torch.float16, device)
+    plain = _error(attention_fp8(q, k, v, config=SMALL), q, k, v)
+    sink = _error(attention_fp8(q, k, v, config=SMALL, sink_tile=True), q, k, v)
+    assert sink <= TOLERANCE["float8_e4m3fn"] and sink <= plain * 1.05
+
+
+def test_sink_tile_mistakes_are_clear_errors(device):
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 32, torch.float16, device)
+    with pytest.raises(InputError, match="quantize_fp8\\(..., sink_tile=True\\)"):
+        attention_fp8(quantize_fp8(q, k, v, block_q=32, block_k=32), config=SMALL, sink_tile=True)
+    with pytest.raises(InputError, match="sink_tile must be"):
+        attention_fp8(q, k, v, config=SMALL, sink_tile="yes")
+    with pytest.raises(InputError, match="sink_tile must be"):
+        quantize_fp8(q, k, v, sink_tile=1)
