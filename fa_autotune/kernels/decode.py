@@ -13,11 +13,13 @@ from .checks import tma_layout_ok
 from .launch import LOG2E, Launch, _sm_count
 from .render import load_module
 
-_DECODE = ("Q", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "Out", "Lse", "OPart", "LsePart")
+_DECODE = ("Q", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "Out", "Lse", "OPart", "LsePart",
+           "KDescale", "VDescale")
 _DECODE_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _DECODE_UNITS = ("CacheSeqlens", "SEQLEN", "PairStart")  # a persistent (balanced) decode grid: the main kernel
 # and the combine take PairStart after _DECODE's and _DECODE_COMBINE's tensors
-_APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN")
+_APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "KDescale", "VDescale")
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
 
 def decode_tile_m(config: KernelConfig, rows: int) -> int:
@@ -39,17 +41,22 @@ class DecodePlan:
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  k_new: torch.Tensor | None, v_new: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor | None,
-                 block_table: torch.Tensor | None, scale: float, causal: bool) -> None:
+                 block_table: torch.Tensor | None, scale: float, causal: bool,
+                 descales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         if config.loop_order != "decode":
             raise ConfigError("loop_order", f"{config.name} is not a KV-cache kernel; use loop_order='decode'")
         batch, n_q, heads, head_dim = q.shape
         heads_kv = k_cache.shape[2]
         group = heads // heads_kv
         head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-        if config.access == "tensor_desc" and not (block_table is None and k_cache.numel() and tma_layout_ok(k_cache)
+        fp8 = k_cache.dtype in _FP8_MAX
+        if fp8 != (descales is not None):
+            raise ConfigError("config", "an FP8 cache needs its k and v descales, a 16-bit one none")
+        if config.access == "tensor_desc" and not (not fp8 and block_table is None and k_cache.numel()
+                                                   and tma_layout_ok(k_cache)
                                                    and tma_layout_ok(v_cache)
                                                    and min(k_cache.stride() + v_cache.stride()) > 0):
-            config = config.with_(access="pointer")  # pages, or a layout TMA cannot address: the same kernel on pointers
+            config = config.with_(access="pointer")  # pages, FP8, or a layout TMA cannot address: the same kernel on pointers
         # TMA (contiguous caches): a [1, BLOCK_N, 1, HEAD_DIM_PAD] box of the whole cache a step.
         self.box = [1, config.BLOCK_N, 1, head_dim_pad] if config.access == "tensor_desc" else None
         self.config = config
@@ -59,7 +66,11 @@ class DecodePlan:
         n_new = k_new.shape[1] if k_new is not None else 0
         scalars: dict[str, Any] = {"HKV": heads_kv, "GROUP": group, "N_Q": n_q, "N_NEW": n_new,
                                    "qk_scale": scale * LOG2E,
-                                   "stride_btb": block_table.stride(0) if block_table is not None else 0}
+                                   "stride_btb": block_table.stride(0) if block_table is not None else 0,
+                                   "FP8_MAX": _FP8_MAX.get(k_cache.dtype)}
+        for prefix, descale in zip(("kd", "vd"), descales or (None, None)):  # (batch, heads_kv), any strides
+            strides = descale.stride() if descale is not None else (None, None)
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bh"), strides))
         for prefix, t in (("q", q), ("k", k_cache), ("v", v_cache), ("o", out), ("nk", k_new), ("nv", v_new)):
             strides = t.stride() if t is not None else (0, 0, 0, 0)
             scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bnhd"), strides))
@@ -98,11 +109,12 @@ class DecodePlan:
         self.tile_rows, self.head_dim_pad = tile_m, head_dim_pad
 
     def launches(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out,
-                 lse) -> list[tuple[Launch, tuple]]:
+                 lse, k_descale=None, v_descale=None) -> list[tuple[Launch, tuple]]:
         """Each launch of one step with its per-call arguments."""
         calls = []
         if self.append is not None:
-            calls.append((self.append, (k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, seqlen)))
+            calls.append((self.append, (k_new, v_new, k_cache, v_cache, cache_seqlens, block_table, seqlen,
+                                        k_descale, v_descale)))
         o_part = lse_part = None
         if self.combine is not None:
             o_part = torch.empty((self.parts, self.head_dim_pad), device=q.device, dtype=torch.float32)
@@ -111,7 +123,7 @@ class DecodePlan:
         if self.box is not None:
             k_main = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), self.box)
             v_main = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), self.box)
-        main = (q, k_main, v_main, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part)
+        main = (q, k_main, v_main, cache_seqlens, block_table, seqlen, out, lse, o_part, lse_part, k_descale, v_descale)
         combine = (o_part, lse_part, out, lse)
         if self.units is not None:
             pair_start = torch.empty((self.pairs + 1,), device=q.device, dtype=torch.int32)
@@ -123,7 +135,7 @@ class DecodePlan:
         return calls
 
     def __call__(self, q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen: int, out, lse,
-                 warmup: bool = False) -> list:
+                 k_descale=None, v_descale=None, warmup: bool = False) -> list:
         return [launch(*args, warmup=warmup)
                 for launch, args in self.launches(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, seqlen,
-                                                  out, lse)]
+                                                  out, lse, k_descale, v_descale)]

@@ -29,6 +29,7 @@ _PLANS: dict[tuple, DecodePlan] = {}
 _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 1024
 _DTYPES = ("float16", "bfloat16", "float32")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def attention_with_kvcache(
@@ -56,6 +57,8 @@ def attention_with_kvcache(
     check_lengths: bool | None = None,
     scale: float | None = None,
     is_causal: bool | None = None,
+    k_descale: float | torch.Tensor | None = None,
+    v_descale: float | torch.Tensor | None = None,
 ):
     """Attention of ``q`` (batch, seqlen_q, heads_q, D) over a KV cache, flash-attn's
     ``flash_attn_with_kvcache`` (same names, order, layouts and semantics).
@@ -82,6 +85,12 @@ def attention_with_kvcache(
     ``is_causal`` (``causal``) are taken too (an option and its alias together raise);
     ``causal=None`` is False. ``is_causal`` keeps flash-attn's bottom-right diagonal here
     (SDPA's is top-left: they differ wherever the query and key lengths differ).
+
+    FP8 caches (flash-attn 3's names): ``k_cache``/``v_cache`` in float8_e4m3fn or
+    float8_e5m2 with ``k_descale``/``v_descale``, each a number or a float32 tensor of shape
+    (batch, heads_kv) (or one element): the cache holds k / k_descale. q, k and v stay fp16
+    or bf16; new k/v are quantized with the descales as they are appended (saturating at the
+    format's largest value), and the output is in q's dtype. Decode then reads half the bytes.
     """
     softmax_scale = sdpa_alias("softmax_scale", softmax_scale, "scale", scale)
     causal = sdpa_alias("causal", causal, "is_causal", is_causal)
@@ -95,11 +104,13 @@ def attention_with_kvcache(
         text = config
         tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
         int_length = -1 if cache_seqlens is None or tensor_lengths is not None else int(cache_seqlens)
+        k_descale, v_descale = _descales(q, k_cache, k_descale, v_descale) or (None, None)
         out, lse = torch.ops.fa_autotune.attention_with_kvcache(
             q, k_cache, v_cache, k, v, tensor_lengths, int_length, block_table, softmax_scale, causal, num_splits,
-            return_softmax_lse, text)
+            return_softmax_lse, text, k_descale, v_descale)
         return (out, lse) if return_softmax_lse else out
     problem, capacity = _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal)
+    descales = _descales(q, k_cache, k_descale, v_descale)
     n_new = 0 if k is None else k.shape[1]
     seqlen = _check_seqlens(cache_seqlens, q, n_new, capacity)
     capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -121,16 +132,17 @@ def attention_with_kvcache(
         key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
                None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
                None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse,
+               k_cache.dtype, None if descales is None else (descales[0].stride(), descales[1].stride()),
                chosen.access == "tensor_desc" and (k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0)  # TMA or not
         plan = _PLANS.get(key)
         try:
             if plan is None:
-                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, block_table, scale, causal)
+                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, block_table, scale, causal, descales)
                 with _PLANS_LOCK:
                     if len(_PLANS) >= _MAX_PLANS:
                         _PLANS.clear()
                     _PLANS[key] = plan
-            plan(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse)
+            plan(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse, *(descales or (None, None)))
         except Exception as exc:
             failure = explain_launch_failure(plan.config if plan is not None else chosen, exc)  # as it ran
             if failure is exc:
@@ -139,6 +151,36 @@ def attention_with_kvcache(
     elif lse is not None:
         lse.fill_(-math.inf)
     return (out, lse) if return_softmax_lse else out
+
+
+def _descales(q, k_cache, k_descale, v_descale) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """An FP8 cache's descales as float32 (batch, heads_kv) tensors on q's device (a number or
+    a one-element tensor broadcast with stride 0); None for a 16-bit cache, which takes none."""
+    fp8 = isinstance(k_cache, torch.Tensor) and str(k_cache.dtype).removeprefix("torch.") in _FP8
+    if not fp8:
+        if k_descale is not None or v_descale is not None:
+            raise InputError(f"k_descale/v_descale describe an FP8 cache ({', '.join(_FP8)}); this one is "
+                             f"{getattr(k_cache, 'dtype', type(k_cache).__name__)}")
+        return None
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise InputError(f"an FP8 cache is attended by float16 or bfloat16 q, got {q.dtype}")
+    shape = (q.shape[0], k_cache.shape[2])
+    out = []
+    for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None:
+            raise InputError(f"an FP8 cache needs {name} (the cache holds values divided by it): a number or a "
+                             f"float32 tensor of shape {shape}")
+        if isinstance(d, numbers.Real) and not isinstance(d, bool):
+            if not (math.isfinite(d) and d > 0):
+                raise InputError(f"{name} must be a positive finite number, got {d!r}")
+            d = torch.full((1, 1), float(d), device=q.device, dtype=torch.float32)
+        if not isinstance(d, torch.Tensor) or d.dtype != torch.float32 or d.device != q.device \
+                or (d.numel() != 1 and tuple(d.shape) != shape):
+            got = f"{d.dtype} {tuple(d.shape)} on {d.device}" if isinstance(d, torch.Tensor) else type(d).__name__
+            raise InputError(f"{name} must be a number or a float32 tensor of shape {shape} (or one element) on "
+                             f"{q.device}, got {got}")
+        out.append(d.reshape(1, 1).expand(shape) if d.numel() == 1 else d)
+    return out[0], out[1]
 
 
 def _refuse_unsupported(rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, window_size, softcap,
@@ -163,10 +205,14 @@ def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> t
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise InputError(f"{name} must be a 4-dim tensor (batch or pages, seqlen, heads, head_dim), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        if str(t.dtype).removeprefix("torch.") not in _DTYPES:
-            raise InputError(f"{name} has dtype {t.dtype}; attention_with_kvcache takes {', '.join(_DTYPES)}")
-        if t.dtype != q.dtype or t.device != q.device:
+        if str(t.dtype).removeprefix("torch.") not in _DTYPES + (_FP8 if t is not q else ()):
+            raise InputError(f"{name} has dtype {t.dtype}; attention_with_kvcache takes {', '.join(_DTYPES)}"
+                             + (f" (a cache also {', '.join(_FP8)})" if t is not q else ""))
+        fp8_cache = t is not q and str(t.dtype).removeprefix("torch.") in _FP8
+        if (t.dtype != q.dtype and not fp8_cache) or t.device != q.device:
             raise InputError(f"{name} is {t.dtype} on {t.device}, q is {q.dtype} on {q.device}: they must match")
+    if k_cache.dtype != v_cache.dtype:
+        raise InputError(f"k_cache is {k_cache.dtype}, v_cache {v_cache.dtype}: they must match")
     if k_cache.shape != v_cache.shape:
         raise InputError(f"k_cache and v_cache must have one shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
@@ -364,12 +410,14 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
 def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
                 v: torch.Tensor | None, cache_seqlens: torch.Tensor | None, int_length: int,
                 block_table: torch.Tensor | None, softmax_scale: float | None, causal: bool, num_splits: int,
-                return_lse: bool, config: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                return_lse: bool, config: str | None, k_descale: torch.Tensor | None = None,
+                v_descale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """attention_with_kvcache as one op (lengths checked only outside CUDA-graph capture)."""
     lengths = cache_seqlens if cache_seqlens is not None else (None if int_length < 0 else int_length)
     result = attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, block_table=block_table,
                                     softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
-                                    return_softmax_lse=return_lse, config=config)
+                                    return_softmax_lse=return_lse, config=config, k_descale=k_descale,
+                                    v_descale=v_descale)
     if return_lse:
         return result
     return result, result.new_empty((0,), dtype=torch.float32)
@@ -377,6 +425,6 @@ def _kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k
 
 @_kvcache_op.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, int_length, block_table, softmax_scale, causal, num_splits,
-      return_lse, config):
+      return_lse, config, k_descale=None, v_descale=None):
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
     return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)

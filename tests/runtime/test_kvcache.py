@@ -432,3 +432,76 @@ def test_k_cache_sharing_memory_with_v_cache_is_refused_when_appending(device):
     want_v = appended(v_cache, args["block_table"], args["v"], [3, 5])
     fa_autotune.attention_with_kvcache(**{**args, "k_cache": k_cache, "v_cache": v_cache})
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+def _quantized(cache, descale):
+    """An FP8 e4m3 copy of a (.., heads_kv, D) cache with one descale per KV head."""
+    return (cache.float() / descale.reshape(1, 1, -1, 1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _dequantized(cache8, descale):
+    return cache8.float() * descale.reshape(1, 1, -1, 1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", ["contiguous", "contiguous-split3", "paged16-block32", "contiguous-balanced",
+                                  "paged16-balanced-rows32", "contiguous-tma"])
+def test_fp8_cache_appends_quantized_and_attends_dequantized(case, causal, device):
+    """An e4m3 cache with per-KV-head descales (flash-attn 3's k_descale / v_descale): the two
+    appended tokens land quantized with them (saturating at 448), and the output is attention
+    over the dequantized cache (within fp16's tolerance), in q's dtype; TMA configs run on
+    pointers. Descales are powers of two and the new values lie on the e4m3 grid, so the
+    appended bytes are exact: Triton 3.6's interpreter rounds fp32 -> fp8 wrong where rounding
+    carries into the exponent (7.9 -> 4.0), which a GPU's conversion does not."""
+    page, changes = CASES[case]
+    batch, heads_q, heads_kv, head_dim, capacity = 3, 8, 2, 32, 64
+    k16, v16, table = make_cache(batch, capacity, heads_kv, head_dim, page, device=device)
+    k_descale = torch.tensor([2.0 ** -6, 2.0 ** -5], device=device)
+    v_descale = torch.tensor([2.0 ** -4, 2.0 ** -7], device=device)
+    k_cache, v_cache = _quantized(k16, k_descale), _quantized(v16, v_descale)
+    q = torch.randn(batch, 2, heads_q, head_dim, dtype=torch.float16, device=device)
+    k_new = torch.randn(batch, 2, heads_kv, head_dim, device=device)
+    v_new = torch.randn_like(k_new)
+    v_new[0, 0, 1, 0] = 1000.0  # past 448 * 2**-7: saturates
+    k_new, v_new = (_dequantized(_quantized(t, d), d).half() for t, d in ((k_new, k_descale), (v_new, v_descale)))
+    lengths = [37, 0, 62]
+    want = [appended(c, table, _quantized(t, d), lengths) for c, t, d in ((k_cache, k_new, k_descale),
+                                                                           (v_cache, v_new, v_descale))]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    v_new[0, 0, 1, 0] = 1000.0  # the byte `want` holds is 448's
+    out, lse = fa_autotune.attention_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table, causal=causal,
+        return_softmax_lse=True, config={**DECODE, **changes},
+        k_descale=k_descale.expand(batch, heads_kv), v_descale=v_descale.expand(batch, heads_kv))
+    assert out.dtype == torch.float16 and k_cache.dtype == torch.float8_e4m3fn
+    for got, expected in zip((k_cache, v_cache), want):
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+    check(out, lse, q, _dequantized(k_cache, k_descale), _dequantized(v_cache, v_descale), table,
+          [n + 2 for n in lengths], causal)
+
+
+def test_fp8_cache_takes_one_number_per_cache_and_refuses_mistakes(device):
+    """Scalar descales broadcast to every sequence and KV head; a missing descale, descales
+    for a 16-bit cache, a wrong shape, fp32 q, or K and V caches of different dtypes are clear
+    errors that write nothing."""
+    k16, v16, _ = make_cache(2, 48, 2, 32, device=device)
+    k_cache, v_cache = _quantized(k16, torch.full((2,), 0.01, device=device)), \
+        _quantized(v16, torch.full((2,), 0.02, device=device))
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device)
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, config=DECODE,
+                                             k_descale=0.01, v_descale=torch.tensor(0.02, device=device))
+    check(out, None, q, k_cache.float() * 0.01, v_cache.float() * 0.02, None, [40, 40], False)
+    with pytest.raises(InputError, match="needs k_descale"):
+        fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40)
+    with pytest.raises(InputError, match="describe an FP8 cache"):
+        fa_autotune.attention_with_kvcache(q, k16, v16, cache_seqlens=40, k_descale=1.0, v_descale=1.0)
+    with pytest.raises(InputError, match="shape \\(2, 2\\)"):
+        fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, k_descale=torch.ones(2, 3),
+                                           v_descale=1.0)
+    with pytest.raises(InputError, match="positive finite"):
+        fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, k_descale=0.0, v_descale=1.0)
+    with pytest.raises(InputError, match="float16 or bfloat16 q"):
+        fa_autotune.attention_with_kvcache(q.float(), k_cache, v_cache, cache_seqlens=40, k_descale=1.0,
+                                           v_descale=1.0)
+    with pytest.raises(InputError, match="must match"):
+        fa_autotune.attention_with_kvcache(q, k_cache, v16, cache_seqlens=40, k_descale=1.0, v_descale=1.0)
