@@ -1,0 +1,179 @@
+"""The two FP8 paths issue 42 measures on a GPU, each beside what it replaces, in interleaved
+rounds on one set of inputs, every output checked first:
+
+- cache: ``attention_with_kvcache`` decode (one new token, 32:8 heads, D 128) over an e4m3
+  cache with per-(sequence, KV head) descales against the same over a bf16 cache, contiguous
+  and paged (64-row pages), at 1 x 131072 and 64 x 4096 cached keys. The FP8 output is
+  checked against float32 attention over the dequantized cache, the bf16 one over its cache.
+- sinks: ``attention_fp8`` on prequantized e4m3 inputs (per-block + Hadamard, the dispatched
+  config) with and without the sink tile (``sink_tile=True``), D 128, N 8192, causal and
+  not, on inputs with attention sinks (the first 4 keys' K x40, V x10): time and the relative
+  error of each against float32.
+
+    python3 benchmarks/fp8_cache_and_sinks.py --out DIR [--rounds 3] [--rep-ms 100]
+
+Writes DIR/fp8_cache_and_sinks.json and .md. ``--small`` runs tiny shapes (on a CPU: in
+Triton's interpreter, which proves the code paths, never a speed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+HQ, HKV, D = 32, 8, 128
+FP8_MAX = 448.0
+
+
+def _rounds(calls: dict, rounds: int, rep_ms: float, device: str) -> dict[str, float]:
+    """Median ms of each call over ``rounds`` rounds in which the calls take turns."""
+    from fa_autotune.tune.measure import time_callable
+
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(time_callable(fn, rep_ms=rep_ms, device=device).median_ms)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.float()
+    if not torch.isfinite(out).all():
+        raise AssertionError("output has NaN/Inf")
+    return float((out - ref).norm() / ref.norm())
+
+
+def cache_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dict]:
+    import fa_autotune
+    from fa_autotune.tune.reference import reference_attention
+
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16  # bf16 dots are wrong in the interpreter
+    hq, hkv, d = (4, 2, 32) if small else (HQ, HKV, D)
+    shapes = [(1, 256), (4, 64)] if small else [(1, 131072), (64, 4096)]
+    rows = []
+    for batch, length in shapes:
+        for page in (0, 16 if small else 64):
+            gen = torch.Generator(device=device).manual_seed(0)
+            q = torch.randn(batch, 1, hq, d, generator=gen, device=device).to(dtype)
+            if page:
+                pages = batch * length // page
+                shape = (pages, page, hkv, d)
+                table = torch.randperm(pages, device=device).reshape(batch, length // page).to(torch.int32)
+            else:
+                shape, table = (batch, length, hkv, d), None
+            k, v = (torch.randn(shape, generator=gen, device=device).to(dtype) for _ in range(2))
+            k_descale = (k.float().abs().amax(dim=(0, 1, 3)) / FP8_MAX).expand(batch, hkv).contiguous()
+            v_descale = (v.float().abs().amax(dim=(0, 1, 3)) / FP8_MAX).expand(batch, hkv).contiguous()
+            k8 = (k.float() / k_descale[0].reshape(1, 1, hkv, 1)).to(torch.float8_e4m3fn)
+            v8 = (v.float() / v_descale[0].reshape(1, 1, hkv, 1)).to(torch.float8_e4m3fn)
+            lengths = torch.full((batch,), length, device=device, dtype=torch.int32)
+            common = dict(cache_seqlens=lengths, block_table=table, check_lengths=False)
+
+            def bf16():
+                return fa_autotune.attention_with_kvcache(q, k, v, **common)
+
+            def fp8():
+                return fa_autotune.attention_with_kvcache(q, k8, v8, k_descale=k_descale, v_descale=v_descale,
+                                                          **common)
+
+            def dense(cache, descale=None):  # (batch, heads_kv, length, d) in float32, in sequence order
+                x = cache.float() if descale is None else cache.float() * descale[0].reshape(1, 1, hkv, 1)
+                if table is not None:
+                    x = x[table.long()].flatten(1, 2)
+                return x.transpose(1, 2)
+
+            errors = {}
+            for name, fn, kc, vc, descales in (("bf16", bf16, k, v, (None, None)),
+                                               ("fp8", fp8, k8, v8, (k_descale, v_descale))):
+                ref, _ = reference_attention(q.float().transpose(1, 2), dense(kc, descales[0]), dense(vc, descales[1]))
+                errors[name] = _rel(fn().transpose(1, 2), ref)
+            ms = _rounds({"bf16": bf16, "fp8": fp8}, rounds, rep_ms, device)
+            bytes_read = {"bf16": 2 * k.numel() * k.element_size(), "fp8": 2 * k8.numel()}
+            rows.append({"batch": batch, "cache_len": length, "page_size": page, "heads": f"{hq}:{hkv}",
+                         "head_dim": d, "ms": ms, "fp8_speedup": ms["bf16"] / ms["fp8"],
+                         "cache_tb_per_s": {n: bytes_read[n] / ms[n] / 1e9 for n in ms}, "rel_error": errors})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def sink_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dict]:
+    import fa_autotune
+    from fa_autotune.tune.reference import reference_attention
+
+    b, h, n, d = (1, 2, 128, 64) if small else (2, 16, 8192, 128)
+    config = {"BLOCK_M": 32, "BLOCK_N": 32} if small else None
+    rows = []
+    for causal in (False, True):
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, generator=gen, device=device) for _ in range(3))
+        k[:, :, :4] *= 40.0
+        v[:, :, :4] *= 10.0
+        q, k, v = (t.half() for t in (q, k, v))
+        ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=causal)
+        x = fa_autotune.quantize_fp8(q, k, v, scaling="per_block", hadamard=True, sink_tile=True,
+                                     **({"block_q": 32, "block_k": 32} if small else {}))
+
+        def plain():
+            return fa_autotune.attention_fp8(x, causal=causal, config=config, sink_tile=False)
+
+        def sink():
+            return fa_autotune.attention_fp8(x, causal=causal, config=config)
+
+        errors = {"plain": _rel(plain(), ref), "sink_tile": _rel(sink(), ref)}
+        ms = _rounds({"plain": plain, "sink_tile": sink}, rounds, rep_ms, device)
+        work = 4.0 * b * h * n * n * d / (2 if causal else 1)
+        rows.append({"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal, "ms": ms,
+                     "tflops": {name: work / m / 1e9 for name, m in ms.items()},
+                     "sink_tile_cost": ms["sink_tile"] / ms["plain"], "rel_error": errors})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _markdown(result: dict) -> str:
+    lines = ["| batch x cache | pages | bf16 cache ms | fp8 cache ms | fp8 speedup | TB/s bf16 / fp8 | error bf16 / fp8 |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["cache"]:
+        lines.append(f"| {r['batch']} x {r['cache_len']} | {r['page_size'] or '-'} | {r['ms']['bf16']:.4f} | "
+                     f"{r['ms']['fp8']:.4f} | {r['fp8_speedup']:.2f}x | {r['cache_tb_per_s']['bf16']:.2f} / "
+                     f"{r['cache_tb_per_s']['fp8']:.2f} | {r['rel_error']['bf16']:.4f} / {r['rel_error']['fp8']:.4f} |")
+    lines += ["", "| problem | causal | FP8 ms | with sink tile ms | cost | TFLOPS | error / with sink tile |",
+              "|---|---|---|---|---|---|---|"]
+    for r in result["sinks"]:
+        lines.append(f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | "
+                     f"{r['ms']['plain']:.4f} | {r['ms']['sink_tile']:.4f} | {r['sink_tile_cost']:.3f}x | "
+                     f"{r['tflops']['plain']:.0f} / {r['tflops']['sink_tile']:.0f} | "
+                     f"{r['rel_error']['plain']:.4f} / {r['rel_error']['sink_tile']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--small", action="store_true", help="tiny shapes (the CPU smoke run)")
+    parser.add_argument("--only", choices=("cache", "sinks"), help="one of the two parts")
+    args = parser.parse_args(argv)
+    from fa_autotune.spec.target import environment
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.small:
+        parser.error("no GPU here: only --small runs (in Triton's interpreter: TRITON_INTERPRET=1)")
+    result = {"command": " ".join(sys.argv), "environment": environment(), "rounds": args.rounds,
+              "rep_ms": args.rep_ms, "device": device,
+              "cache": [] if args.only == "sinks" else cache_rows(args.small, device, args.rounds, args.rep_ms),
+              "sinks": [] if args.only == "cache" else sink_rows(args.small, device, args.rounds, args.rep_ms)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fp8_cache_and_sinks.json").write_text(json.dumps(result, indent=2, default=str))
+    (args.out / "fp8_cache_and_sinks.md").write_text(_markdown(result))
+    print(_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Benchmark scripts that a GPU session runs, exercised on tiny shapes in Triton's interpreter
+so that their code paths (and the checks they make before timing) are known to work."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_fp8_cache_and_sinks_runs_small_in_the_interpreter(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_cache_and_sinks.py"), "--small",
+                             "--rounds", "1", "--rep-ms", "1", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / "fp8_cache_and_sinks.json").read_text())
+    assert data["device"] == "cpu" and len(data["cache"]) == 4 and len(data["sinks"]) == 2
+    for row in data["cache"]:  # both caches checked against float32 over what they hold
+        assert row["rel_error"]["bf16"] < 1e-2 and row["rel_error"]["fp8"] < 1e-2
+    for row in data["sinks"]:  # the sink tile is what keeps sinks accurate
+        assert row["rel_error"]["plain"] > 0.1 and row["rel_error"]["sink_tile"] < 0.06
+    assert "| 4 x 64 | 16 |" in (tmp_path / "fp8_cache_and_sinks.md").read_text()
