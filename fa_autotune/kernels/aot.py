@@ -33,7 +33,7 @@ from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..errors import FaAutotuneError
+from ..errors import ConfigError, FaAutotuneError
 from ..processes import compiler_init
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
@@ -140,7 +140,10 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
     if interpreter_active():
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
-    launches = bind(config, problem, example(config, problem, "meta")).launches()
+    try:
+        launches = bind(config, problem, example(config, problem, "meta")).launches()
+    except ConfigError as exc:  # the config cannot run this problem's layout at all
+        return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     reports = []
     target = GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
     limit = SHARED_MEMORY_LIMIT.get(capability, 101376)

@@ -207,6 +207,13 @@ def tma_layout_ok(t: torch.Tensor) -> bool:
     return _tma_reason("tensor", t) is None
 
 
+def cache_tma_ok(k_cache: torch.Tensor, v_cache: torch.Tensor, paged: bool) -> bool:
+    """Whether a decode kernel can read a KV cache through TMA boxes: contiguous (not paged),
+    16-bit, non-empty, every stride non-zero and the layout one a descriptor addresses."""
+    return (not paged and k_cache.element_size() > 1 and k_cache.numel() > 0
+            and min(k_cache.stride() + v_cache.stride()) > 0 and tma_layout_ok(k_cache) and tma_layout_ok(v_cache))
+
+
 def _tma_views(problem: Problem, q, k, v) -> tuple:
     """The tensors as the TMA descriptors read them: FP8 V as [D, N] tiles (sequence contiguous)."""
     return (q, k, v.transpose(2, 3)) if problem.is_fp8 else (q, k, v)

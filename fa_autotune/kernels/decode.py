@@ -9,7 +9,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
-from .checks import tma_layout_ok
+from .checks import cache_tma_ok
 from .launch import LOG2E, Launch, _sm_count
 from .render import load_module
 
@@ -49,14 +49,11 @@ class DecodePlan:
         heads_kv = k_cache.shape[2]
         group = heads // heads_kv
         head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-        fp8 = k_cache.dtype in _FP8_MAX
-        if fp8 != (descales is not None):
+        if (k_cache.dtype in _FP8_MAX) != (descales is not None):
             raise ConfigError("config", "an FP8 cache needs its k and v descales, a 16-bit one none")
-        if config.access == "tensor_desc" and not (not fp8 and block_table is None and k_cache.numel()
-                                                   and tma_layout_ok(k_cache)
-                                                   and tma_layout_ok(v_cache)
-                                                   and min(k_cache.stride() + v_cache.stride()) > 0):
-            config = config.with_(access="pointer")  # pages, FP8, or a layout TMA cannot address: the same kernel on pointers
+        if config.access == "tensor_desc" and not cache_tma_ok(k_cache, v_cache, block_table is not None):
+            raise ConfigError("access", "TMA boxes cannot read this cache (paged, FP8, or a layout no descriptor "
+                              "addresses); use access='pointer' (runtime.select.runnable_decode picks it)")
         # TMA (contiguous caches): a [1, BLOCK_N, 1, HEAD_DIM_PAD] box of the whole cache a step.
         self.box = [1, config.BLOCK_N, 1, head_dim_pad] if config.access == "tensor_desc" else None
         self.config = config

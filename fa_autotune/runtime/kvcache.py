@@ -17,13 +17,15 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError, InputError
+from ..kernels.checks import cache_tma_ok
 from ..kernels.decode import DecodePlan
-from ..kernels.launch import check_interpretable, explain_launch_failure, resolve_scale
+from ..kernels.launch import check_interpretable, explained, resolve_scale
 from ..spec.config import MAX_SPLITS, KernelConfig
 from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable
 from .api import _refuse_grad, sdpa_alias
 from .dispatch import DISPATCHER, gpu_of
+from .select import runnable_decode
 
 _PLANS: dict[tuple, DecodePlan] = {}
 _PLANS_LOCK = threading.Lock()
@@ -126,28 +128,27 @@ def attention_with_kvcache(
     lse = (torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
            if return_softmax_lse else None)
     if problem.batch and problem.seqlen_q or n_new:
-        chosen = _config(problem, q, config, num_splits)
+        chosen = runnable_decode(_config(problem, q, config, num_splits),
+                                 cache_tma_ok(k_cache, v_cache, block_table is not None))
         check_interpretable(q)
         tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
         key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
                None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
                None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse,
-               k_cache.dtype, None if descales is None else (descales[0].stride(), descales[1].stride()),
-               chosen.access == "tensor_desc" and (k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0)  # TMA or not
+               k_cache.dtype, None if descales is None else (descales[0].stride(), descales[1].stride()))
         plan = _PLANS.get(key)
-        try:
-            if plan is None:
-                plan = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, block_table, scale, causal, descales)
+
+        def build_and_run() -> None:
+            built = plan
+            if built is None:
+                built = DecodePlan(chosen, q, k_cache, v_cache, k, v, out, lse, block_table, scale, causal, descales)
                 with _PLANS_LOCK:
                     if len(_PLANS) >= _MAX_PLANS:
                         _PLANS.clear()
-                    _PLANS[key] = plan
-            plan(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse, *(descales or (None, None)))
-        except Exception as exc:
-            failure = explain_launch_failure(plan.config if plan is not None else chosen, exc)  # as it ran
-            if failure is exc:
-                raise
-            raise failure from exc
+                    _PLANS[key] = built
+            built(q, k_cache, v_cache, k, v, tensor_lengths, block_table, seqlen, out, lse, *(descales or (None, None)))
+
+        explained(chosen, build_and_run)()
     elif lse is not None:
         lse.fill_(-math.inf)
     return (out, lse) if return_softmax_lse else out

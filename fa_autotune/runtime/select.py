@@ -36,6 +36,14 @@ def without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig
     return config.with_(**changes)
 
 
+def runnable_decode(config: KernelConfig, cache_tma: bool) -> KernelConfig:
+    """A KV-cache config on its cache: the same tiles through pointers where TMA boxes cannot
+    read the cache (``cache_tma`` False: pages, FP8, or a layout no descriptor addresses)."""
+    if config.access == "tensor_desc" and not cache_tma:
+        return config.with_(access="pointer")
+    return config
+
+
 def select(problem: Problem, layout: Layout, choice: Choice, defaults: Sequence[KernelConfig]) -> Choice:
     """The dispatcher's ``choice`` made runnable on ``layout`` (a borrowed config may not suit
     the tensors: TMA needs aligned rows, warp specialization no masking), else the first

@@ -518,17 +518,19 @@ import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fa_autotune.kernels.aot import _specialize, instruction_counts, resource_usage
+from fa_autotune.kernels.checks import cache_tma_ok
 from fa_autotune.kernels.decode import DecodePlan
+from fa_autotune.runtime.select import runnable_decode
 from fa_autotune.spec.config import KernelConfig
 out = {}
 B, H, HKV, D, N = 8, 32, 8, 128, 32768
 for name, changes, page in (("split16", dict(num_splits=16, num_stages=4, access="tensor_desc"), 0),
                             ("paged-balanced", dict(BLOCK_N=128, num_stages=3, persistent=1), 16)):
-    config = KernelConfig(loop_order="decode", BLOCK_M=16, **changes)
     q = torch.empty(B, 1, H, D, device="meta", dtype=torch.bfloat16)
     shape = (B * N // page, page, HKV, D) if page else (B, N, HKV, D)
     k8, v8 = (torch.empty(shape, device="meta", dtype=torch.float8_e4m3fn) for _ in range(2))
     table = torch.empty(B, N // page, device="meta", dtype=torch.int32) if page else None
+    config = runnable_decode(KernelConfig(loop_order="decode", BLOCK_M=16, **changes), cache_tma_ok(k8, v8, bool(page)))
     new = torch.empty(B, 1, HKV, D, device="meta", dtype=torch.bfloat16)
     kd = vd = torch.empty(B, HKV, device="meta", dtype=torch.float32)
     lengths = torch.empty(B, device="meta", dtype=torch.int32)
@@ -548,7 +550,7 @@ print(json.dumps(out))
 def test_fp8_cache_decode_compiles_for_hopper(tmp_path):
     """KV-cache kernels over an e4m3 cache compile for sm_90 (a split and a paged balanced
     grid, with the append): FP8 tiles upcast, new rows converted to e4m3; a TMA config runs on
-    pointers over FP8 (its plan says so). No spills, except in the balanced grid's main kernel,
+    pointers over FP8 (the selection says so before the plan). No spills, except in the balanced grid's main kernel,
     whose upcasts spill 24-80 bytes (not yet measured on a GPU; the bf16 one spills none)."""
     import json
     import subprocess

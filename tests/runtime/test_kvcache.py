@@ -120,28 +120,28 @@ def test_cache_rows_past_the_lengths_may_hold_nan(access, dtype, head_dim, devic
 
 def test_tma_falls_back_to_pointers_where_tma_cannot_read(device):
     """A TMA decode config over a layout no descriptor can address (rows 20 fp16 = 40 bytes
-    apart) or a paged cache runs the same kernel on pointers, and is right."""
+    apart), a paged cache or one KV head expanded to two (stride 0) runs the same tiles on
+    pointers, chosen before the plan (runtime.select.runnable_decode), and is right; the plan
+    itself refuses TMA there rather than rewriting the config it was given."""
+    from fa_autotune.kernels.checks import cache_tma_ok
     from fa_autotune.kernels.decode import DecodePlan
+    from fa_autotune.runtime.select import runnable_decode
 
     config = fa_autotune.KernelConfig(**{**DECODE, "access": "tensor_desc"})
     k_cache, v_cache, _ = make_cache(2, 32, 1, 20, device=device)
-    q = torch.randn(2, 1, 2, 20, dtype=torch.float16, device=device)
-    plan = DecodePlan(config, q, k_cache, v_cache, None, None, torch.empty_like(q), None, None, 1.0, False)
-    assert plan.config.access == "pointer" and plan.box is None and not plan.config.name.endswith("_tma")
-    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=17, config=config)
-    check(out, None, q, k_cache, v_cache, None, [17, 17], False)
     k_paged, v_paged, table = make_cache(2, 32, 1, 32, page=16, device=device)
-    q = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
-    plan = DecodePlan(config, q, k_paged, v_paged, None, None, torch.empty_like(q), None, table, 1.0, False)
-    assert plan.config.access == "pointer"
-    # one KV head expanded to two (stride 0): no descriptor for it either
     k_one, v_one, _ = make_cache(2, 32, 1, 32, device=device)
     k_two, v_two = k_one.expand(2, 32, 2, 32), v_one.expand(2, 32, 2, 32)
-    q = torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device)
-    plan = DecodePlan(config, q, k_two, v_two, None, None, torch.empty_like(q), None, None, 1.0, False)
-    assert plan.config.access == "pointer"
-    out = fa_autotune.attention_with_kvcache(q, k_two, v_two, cache_seqlens=30, config=config)
-    check(out, None, q, k_two, v_two, None, [30, 30], False)
+    for k, v, tab, heads, length in ((k_cache, v_cache, None, 2, 17), (k_paged, v_paged, table, 2, 30),
+                                     (k_two, v_two, None, 4, 30)):
+        q = torch.randn(2, 1, heads, k.shape[3], dtype=torch.float16, device=device)
+        assert not cache_tma_ok(k, v, tab is not None)
+        assert runnable_decode(config, False) == config.with_(access="pointer")
+        with pytest.raises(ConfigError, match="access='pointer'"):
+            DecodePlan(config, q, k, v, None, None, torch.empty_like(q), None, tab, 1.0, False)
+        out = fa_autotune.attention_with_kvcache(q, k, v, cache_seqlens=length, block_table=tab, config=config)
+        check(out, None, q, k, v, tab, [length, length], False)
+    assert runnable_decode(config, True) == config
 
 
 def test_dispatched_config_int_lengths_and_whole_cache(device):
