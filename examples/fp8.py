@@ -1,5 +1,6 @@
 """attention_fp8(): e4m3 attention against the fp16/bf16 result of attention(), with the
-quantization recipe (scaling groups, Hadamard rotation) that made the difference.
+quantization recipe (scaling groups, Hadamard rotation) that made the difference, and the sink
+tile that keeps inputs with attention sinks accurate.
 
     GPU: python examples/fp8.py
     CPU: TRITON_INTERPRET=1 python examples/fp8.py   (Triton's interpreter emulates FP8: slow, tiny shapes)
@@ -48,6 +49,18 @@ for scaling, hadamard in (("per_tensor", False), ("per_block", True)):
 out = attention_fp8(q, k, v, is_causal=True)
 print(f"  attention_fp8(q, k, v) quantizing itself: relative error {relative_error(out, reference):.3f}, "
       f"output {str(out.dtype).removeprefix('torch.')}")
+
+# Attention sinks (a trained LLM's first tokens: keys that score far above the rest) turn FP8's
+# rounding of Q and K into large softmax errors; sink_tile=True scores the first K tile from
+# the unquantized q and k.
+sink_q, sink_k, sink_v = (torch.randn(batch, h, seqlen, head_dim, device=device) for h in (heads_q, heads_kv, heads_kv))
+sink_k[:, :, :4] *= 40  # the first 4 keys: norms 40x the rest, their values 10x
+sink_v[:, :, :4] *= 10
+sink_q, sink_k, sink_v = (t.to(dtype) for t in (sink_q, sink_k, sink_v))
+sink_reference = attention(sink_q, sink_k, sink_v, is_causal=True)
+for sink_tile in (False, True):
+    out = attention_fp8(sink_q, sink_k, sink_v, is_causal=True, sink_tile=sink_tile)
+    print(f"  with attention sinks, sink_tile={sink_tile}: relative error {relative_error(out, sink_reference):.3f}")
 
 error = results["per_block", True]
 print(f"fp8: relative error {error:.3f} vs attention(), recipe e4m3 per_block + Hadamard "

@@ -23,6 +23,8 @@ EXPECTED = {  # script: the result line it prints when its check passes
     "paged_kv_cache.py": rf"paged_kv_cache: max abs error {NUMBER} vs SDPA over the dense history, 3 decode steps, "
                          rf"page size 16 {WHERE}\)",
     "fp8.py": rf"fp8: relative error {NUMBER} vs attention\(\), recipe e4m3 per_block \+ Hadamard {WHERE} inputs\)",
+    "fp8_kv_cache.py": rf"fp8_kv_cache: max abs error {NUMBER} vs SDPA over the dequantized cache, 3 decode steps "
+                       rf"{WHERE} q\)",
     "training_step.py": rf"training_step: loss {NUMBER} -> {NUMBER} in 8 steps; gradients within {NUMBER} of "
                         rf"SDPA's \(relative\) {WHERE}\)",
     "transformers_model.py": rf"transformers_model: max abs logit difference {NUMBER} vs sdpa {WHERE}, "
