@@ -5,6 +5,7 @@ Files are written deterministically (sorted keys and entries, no timestamps) so 
 cleanly under version control, and validated completely on load: a corrupt, truncated,
 foreign or newer-schema file raises :class:`ConfigFileError` and nothing is imported. What
 a file holds is a :class:`~fa_autotune.spec.tuned.Tuned`, as the database gives it.
+Validated by hand, not with pydantic: see :mod:`fa_autotune.spec.config` for why.
 """
 from __future__ import annotations
 
