@@ -15,6 +15,7 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter,
                      check_interpretable, ensure_allocator, explained, l2_section)
+from .checks import sink_tile_error
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
@@ -100,6 +101,8 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
         scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
         scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+    if sources[0] is not None and (error := sink_tile_error(config)):
+        raise error
     if fp8_capable:  # the sink tile's 16-bit sources, or compile-time None
         for prefix, source in zip(("q16", "k16"), sources):
             strides = source.stride() if source is not None else (None,) * 4

@@ -20,8 +20,9 @@ import torch
 
 from ..errors import InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
-from ..kernels.checks import (Layout, check_config, check_fp8_scales, check_offsets, check_tma_output,
-                              gluon_backward_error, per_block, tma_output_reason, why_not)
+from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales, check_offsets,
+                              check_tma_output, gluon_backward_error, per_block, sink_tile_error, tma_output_reason,
+                              why_not)
 from ..kernels.bwd import BackwardPlan
 from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
 from ..kernels.launch import check_interpretable, explained, resolve_scale
@@ -30,7 +31,7 @@ from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
 from .dispatch import DISPATCHER, Choice, gpu_of
-from .select import runnable, select
+from .select import for_sink_tile, runnable, select
 
 
 @dataclass(frozen=True)
@@ -411,6 +412,7 @@ def attention_fp8(
         raise InputError(f"out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
     q8, k8, v8 = inputs.q, inputs.k, inputs.v
     _check_scales(inputs, problem)
+    _check_sources(inputs)
     chosen = _fp8_usable(chosen, problem, inputs, explicit=config is not None)
     out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
     lse = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if return_lse else None
@@ -427,7 +429,8 @@ def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recip
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
     """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
     attention()'s dispatch adapts (:func:`.select.runnable`), after its tiles shrink into the inputs'
-    scaling blocks; the FP8 default, adapted alike, is the last resort."""
+    scaling blocks (and lose warp specialization with a sink tile); the FP8 default, adapted
+    alike, is the last resort."""
     if explicit:
         _check_fp8_config(config, problem, inputs)
         return config
@@ -435,7 +438,10 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
     default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
     layout = Layout.of(problem, inputs.q, inputs.k, inputs.v)
     for candidate in (config, default):
-        fitted = runnable(_within_scale_blocks(candidate, inputs), problem, layout)
+        candidate = _within_scale_blocks(candidate, inputs)
+        if inputs.sources is not None:
+            candidate = for_sink_tile(candidate)
+        fitted = runnable(candidate, problem, layout)
         if fitted is not None:
             return fitted
     _check_fp8_config(default, problem, inputs)  # raises, naming the parameter
@@ -458,6 +464,8 @@ def _within_scale_blocks(config: KernelConfig, inputs) -> KernelConfig:
 def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
     check_config(config, problem, inputs.q, inputs.k, inputs.v)
     check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
+    if inputs.sources is not None and (error := sink_tile_error(config)):
+        raise error
 
 
 def _check_scales(inputs, problem: Problem) -> None:
@@ -471,6 +479,28 @@ def _check_scales(inputs, problem: Problem) -> None:
             raise InputError(f"{name} must be a float32 tensor of shape {expected}, got {got}")
         if t.device != inputs.q.device:
             raise InputError(f"{name} is on {t.device}, the inputs on {inputs.q.device}")
+
+
+def _check_sources(inputs) -> None:
+    """The sink tile reads the q and k the FP8 ones were quantized from: same shapes and device,
+    one floating dtype of 16 or 32 bits, each head addressable with 32-bit offsets."""
+    if inputs.sources is None:
+        return
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for name, source, quantized in zip("qk", inputs.sources, (inputs.q, inputs.k)):
+        if not isinstance(source, torch.Tensor) or source.dtype not in dtypes or source.shape != quantized.shape:
+            got = f"{source.dtype} {tuple(source.shape)}" if isinstance(source, torch.Tensor) else type(source).__name__
+            raise InputError(f"the sink tile's {name} must be the float16/bfloat16/float32 tensor of shape "
+                             f"{tuple(quantized.shape)} that {name} was quantized from, got {got}")
+        if source.device != quantized.device:
+            raise InputError(f"the sink tile's {name} is on {source.device}, the FP8 inputs on {quantized.device}")
+        span = (source.shape[2] - 1) * abs(source.stride(2)) + (source.shape[3] - 1) * abs(source.stride(3))
+        if span > MAX_OFFSET:
+            raise InputError(f"the sink tile's {name}: one head spans {span} elements, past the 32-bit offsets "
+                             "the sink tile reads it with; store its heads outermost (batch, heads, seqlen, head_dim)")
+    if inputs.sources[0].dtype != inputs.sources[1].dtype:
+        raise InputError(f"the sink tile's q and k must share a dtype, got {inputs.sources[0].dtype} and "
+                         f"{inputs.sources[1].dtype}")
 
 
 def _dispatched(problem: Problem, q, k, v) -> Choice:

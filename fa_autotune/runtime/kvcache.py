@@ -79,7 +79,8 @@ def attention_with_kvcache(
     its JSON text; under torch.compile only the text); ``check_lengths`` (default:
     unless a CUDA graph is being captured) reads the lengths and block table back to refuse
     out-of-range values, and appends into a page that another sequence of the call writes or
-    reads (pages only read may be shared), before any kernel runs. Appending into a
+    reads (pages only read may be shared), and descale tensors that are not positive and
+    finite, before any kernel runs. Appending into a
     ``k_cache`` that shares memory with ``v_cache`` is refused always (no read-back).
     flash-attn options this kernel does not implement (rotary, cache_batch_idx,
     cache_leftpad, window_size, softcap, alibi_slopes) raise when set rather than being
@@ -122,7 +123,9 @@ def attention_with_kvcache(
         raise InputError("check_lengths=True reads the lengths back to the host, which a CUDA graph capture "
                          "cannot do; leave it None (checks off while capturing)")
     if check_lengths:
-        _check_values(cache_seqlens, block_table, k_cache.shape[0], n_new, capacity)
+        given = {name: d for name, d in (("k_descale", k_descale), ("v_descale", v_descale))
+                 if isinstance(d, torch.Tensor) and descales is not None}  # numbers are checked already
+        _check_values(cache_seqlens, block_table, k_cache.shape[0], n_new, capacity, given)
     scale = resolve_scale(softmax_scale, problem.head_dim)
     out = torch.empty_like(q)
     lse = (torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
@@ -165,6 +168,10 @@ def _descales(q, k_cache, k_descale, v_descale) -> tuple[torch.Tensor, torch.Ten
         return None
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise InputError(f"an FP8 cache is attended by float16 or bfloat16 q, got {q.dtype}")
+    if k_cache.dtype == torch.float8_e4m3fn and q.device.type == "cuda" \
+            and torch.cuda.get_device_capability(q.device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(q.device)
+        raise InputError(f"a float8_e4m3fn cache needs an sm_89 (Ada) or newer GPU, this is sm_{major}{minor}")
     shape = (q.shape[0], k_cache.shape[2])
     out = []
     for name, d in (("k_descale", k_descale), ("v_descale", v_descale)):
@@ -327,14 +334,31 @@ def _check_seqlens(cache_seqlens, q, n_new: int, capacity: int) -> int:
     return 0
 
 
-def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capacity: int) -> None:
+def _check_descale_values(descales: dict[str, torch.Tensor], flags: list) -> list[bool]:
+    """Reads back ``flags`` with the descale tensors' check, raising if a descale is not
+    positive and finite; the flags' values otherwise."""
+    bad = [~(torch.isfinite(d) & (d > 0)).all() for d in descales.values()]
+    found = torch.stack(flags + bad).tolist()
+    for (name, d), flag in zip(descales.items(), found[len(flags):]):
+        if flag:
+            index = tuple(int(i) for i in (~(torch.isfinite(d) & (d > 0))).nonzero()[0])
+            where = str(list(index)) if index else ""
+            raise InputError(f"{name}{where} = {float(d[index])}: descales must be positive and finite")
+    return found[:len(flags)]
+
+
+def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capacity: int,
+                  descales: dict[str, torch.Tensor] | None = None) -> None:
     """Lengths within the cache, the block-table entries they reach naming real pages and,
     when appending to a paged cache, each page being written reached by no other entry
     (another sequence's, or the same one's twice): two sequences whose new rows land in one
     page row would silently corrupt one of them, and a page one appends into while another
-    reads it changes the other's keys. Pages only read may be shared (prefix caching). One
-    read-back for all; raises before anything is written."""
+    reads it changes the other's keys. Pages only read may be shared (prefix caching). An FP8
+    cache's descales positive and finite (a zero one would turn appended tokens into NaN or
+    infinity). One read-back for all; raises before anything is written."""
     if not isinstance(cache_seqlens, torch.Tensor) and block_table is None:
+        if descales:
+            _check_descale_values(descales, [])
         return
     device = block_table.device if block_table is not None else cache_seqlens.device
     if isinstance(cache_seqlens, torch.Tensor):
@@ -355,7 +379,7 @@ def _check_values(cache_seqlens, block_table, num_pages: int, n_new: int, capaci
         if n_new:
             shared = _written_pages_shared(block_table, reached & ~outside, used, n_new, page_size, num_pages)
             flags.append(shared.any())
-    found = torch.stack(flags).tolist()
+    found = _check_descale_values(descales, flags) if descales else torch.stack(flags).tolist()
     if found[0]:
         row = int(bad_length.nonzero()[0, 0])
         raise InputError(f"cache_seqlens[{row}] = {int(cache_seqlens[row])} with {n_new} new tokens is outside the "

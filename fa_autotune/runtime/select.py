@@ -36,6 +36,15 @@ def without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig
     return config.with_(**changes)
 
 
+def for_sink_tile(config: KernelConfig) -> KernelConfig:
+    """An FP8 config with the sink tile: unspecialized (:func:`.checks.sink_tile_error`), with a
+    warp group per 64 rows, since one warp group holding a 128-row tile's scores and output
+    spills (240-280 bytes a thread at 128x128 when compiled for sm_90, 1,136 at 128x256)."""
+    if not config.warp_specialize:
+        return config
+    return without_warp_specialization(config, num_warps=max(config.num_warps, config.BLOCK_M // 16))
+
+
 def runnable_decode(config: KernelConfig, cache_tma: bool) -> KernelConfig:
     """A KV-cache config on its cache: the same tiles through pointers where TMA boxes cannot
     read the cache (``cache_tma`` False: pages, FP8, or a layout no descriptor addresses)."""

@@ -225,3 +225,44 @@ def test_sink_tile_mistakes_are_clear_errors(device):
         attention_fp8(q, k, v, config=SMALL, sink_tile="yes")
     with pytest.raises(InputError, match="sink_tile must be"):
         quantize_fp8(q, k, v, sink_tile=1)
+
+
+def test_sink_tile_sources_and_configs_are_checked(device):
+    """The sink tile's q and k are the tensors the FP8 ones came from; a warp-specialized
+    config (Triton 3.6 cannot compile it with the sink tile) is refused when asked for
+    explicitly and de-specialized when dispatched."""
+    import dataclasses
+
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
+    inputs = quantize_fp8(q, k, v, block_q=32, block_k=32, sink_tile=True)
+    for sources, match in (((q[:, :, :32], k), "sink tile's q must be .* shape \\(1, 2, 64, 32\\)"),
+                           ((q, k.to(torch.int16)), "sink tile's k must be"),
+                           ((q, k.float()), "share a dtype"),
+                           ((q, "k"), "got str")):
+        with pytest.raises(InputError, match=match):
+            attention_fp8(dataclasses.replace(inputs, sources=sources), config=SMALL)
+    specialized = dict(SMALL, access="tensor_desc", causal_mode="split", num_stages=2, warp_specialize=True)
+    with pytest.raises(ConfigError, match="warp_specialize: the FP8 sink tile runs without warp specialization"):
+        attention_fp8(inputs, config=specialized)
+
+
+def test_dispatched_sink_tile_runs_unspecialized(device, monkeypatch):
+    """A dispatched warp-specialized FP8 config (the H200's non-causal choice) runs the sink
+    tile unspecialized, a warp group per 64 rows, and stays accurate."""
+    from fa_autotune.runtime import api, dispatch
+    from fa_autotune.runtime.select import for_sink_tile
+    from fa_autotune.spec.config import KernelConfig
+
+    specialized = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, access="tensor_desc",
+                               causal_mode="split", warp_specialize=True, persistent=1)
+    assert for_sink_tile(specialized) == specialized.with_(warp_specialize=False, persistent=0)
+    wide = specialized.with_(BLOCK_M=128, BLOCK_N=128)
+    assert for_sink_tile(wide).num_warps == 8 and not for_sink_tile(wide).warp_specialize
+    chosen = dispatch.Choice(specialized, "database", None, 0.0, "test")
+    monkeypatch.setattr(dispatch.DISPATCHER, "choose_fp8", lambda *a, **kw: chosen)
+    ran = []
+    real = api.run
+    monkeypatch.setattr(api, "run", lambda config, *args: ran.append(config) or real(config, *args))
+    q, k, v = _sink_inputs(device, n_q=64, n_k=64)
+    out = attention_fp8(q, k, v, sink_tile=True, block_q=32, block_k=32)
+    assert not ran[-1].warp_specialize and _error(out, q, k, v) <= 0.06

@@ -505,3 +505,46 @@ def test_fp8_cache_takes_one_number_per_cache_and_refuses_mistakes(device):
                                            v_descale=1.0)
     with pytest.raises(InputError, match="must match"):
         fa_autotune.attention_with_kvcache(q, k_cache, v16, cache_seqlens=40, k_descale=1.0, v_descale=1.0)
+
+
+@pytest.mark.parametrize("lengths", ["number", "tensor"])
+def test_fp8_cache_descale_tensors_must_be_positive_and_finite(lengths, device):
+    """A zero, negative or NaN descale tensor would append infinities or NaN into the cache:
+    refused in check_lengths' one read-back (also when the lengths are a number), before
+    anything is written; with check_lengths=False nothing is read back."""
+    k16, v16, _ = make_cache(2, 48, 2, 32, device=device)
+    k_cache, v_cache = _quantized(k16, torch.full((2,), 0.01, device=device)), \
+        _quantized(v16, torch.full((2,), 0.02, device=device))
+    before = k_cache.clone(), v_cache.clone()
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16, device=device)
+    k_new = torch.randn(2, 1, 2, 32, dtype=torch.float16, device=device)
+    seqlens = 40 if lengths == "number" else torch.tensor([40, 41], dtype=torch.int32, device=device)
+    good = torch.full((2, 2), 0.01, device=device)
+    for bad, value in ((0, 0.0), (1, -1.0), (0, float("nan")), (1, float("inf"))):
+        descale = good.clone()
+        descale[1, bad] = value
+        with pytest.raises(InputError, match=f"v_descale\\[1, {bad}\\] = {value}: descales must be positive"):
+            fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=seqlens,
+                                               config=DECODE, k_descale=good, v_descale=descale)
+        assert torch.equal(k_cache.view(torch.uint8), before[0].view(torch.uint8))
+        assert torch.equal(v_cache.view(torch.uint8), before[1].view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_fp8_cache_appends_nan_as_nan_and_refuses_e4m3_before_sm89(monkeypatch):
+    """A NaN in an appended token stays NaN in the cache (a saturating clamp that dropped it
+    would store a finite value that looks right); an e4m3 cache on a GPU before sm_89 is a
+    clear error (Triton has no e4m3 conversion there)."""
+    k16, v16, _ = make_cache(1, 64, 2, 32, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = (_quantized(t, torch.full((2,), 0.01, device="cuda")) for t in (k16, v16))
+    q = torch.randn(1, 1, 4, 32, dtype=torch.bfloat16, device="cuda")
+    k_new = torch.randn(1, 1, 2, 32, dtype=torch.bfloat16, device="cuda")
+    k_new[0, 0, 1, 3] = float("nan")
+    fa_autotune.attention_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=10, config=DECODE,
+                                       k_descale=0.01, v_descale=0.01)
+    assert torch.isnan(k_cache[0, 10, 1, 3].float()) and torch.isnan(v_cache[0, 10, 1, 3].float())
+    assert torch.isfinite(k_cache[0, 10, 0].float()).all()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(InputError, match="float8_e4m3fn cache needs an sm_89"):
+        fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=10, k_descale=0.01, v_descale=0.01)
