@@ -24,3 +24,14 @@ def test_fp8_cache_and_sinks_runs_small_in_the_interpreter(tmp_path):
     for row in data["sinks"]:  # the sink tile is what keeps sinks accurate
         assert row["rel_error"]["plain"] > 0.1 and row["rel_error"]["sink_tile"] < 0.06
     assert "| 4 x 64 | 16 |" in (tmp_path / "fp8_cache_and_sinks.md").read_text()
+
+
+def test_bwd_sweep_runs_small_in_the_interpreter(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bwd_sweep.py"), "--small", "--rounds", "1",
+                             "--rep-ms", "1", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "bwd_sweep.json").read_text())["rows"]
+    assert row["skipped"] == {} and 0 < row["rel_error"]["triton 16x16"] < 1e-2  # checked, then timed
+    assert "| b1_hq4_hkv2_nq64_nk64_d32_float16_causal-top_left_bwd | " in (tmp_path / "bwd_sweep.md").read_text()

@@ -16,6 +16,7 @@ _BWD_PRE = ("Out", "DOut", "Delta")
 _BWD_DKDV = ("Q", "K", "V", "DOut", "Lse", "Delta", "DK", "DV", "DQAcc")
 _BWD_DQ = ("Q", "K", "V", "DOut", "Lse", "Delta", "DQ")
 _BWD_DKDV_GLUON = ("q_desc", "k_desc", "v_desc", "do_desc", "Lse", "Delta", "dk_desc", "dv_desc")
+_DKV_ACC = ("DKAcc", "DVAcc")
 
 
 def triton_backward(config: KernelConfig) -> KernelConfig:
@@ -36,8 +37,8 @@ class BackwardPlan:
     call) beside the Triton preprocess and dQ pass of :func:`triton_backward`, or with
     ``dq_atomic`` beside the preprocess alone (its pass adds dQ up)."""
 
-    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "head_dim", "head_dim_pad", "dtype",
-                 "descriptors", "acc_descriptor")
+    __slots__ = ("config", "pre", "dkdv", "dq", "rows", "acc_shape", "dkv_shape", "head_dim", "head_dim_pad",
+                 "dtype", "descriptors", "acc_descriptor")
 
     def __init__(self, config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  dout: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, sm_scale: float,
@@ -63,19 +64,29 @@ class BackwardPlan:
         q_tiles = triton.cdiv(n_q, config.BLOCK_M)
         self.pre = Launch(module.KERNELS["preprocess"], (q_tiles, batch * heads), _BWD_PRE, scalars, flags,
                           {"num_warps": 4})
-        self.descriptors = self.acc_descriptor = None
+        self.descriptors = self.acc_descriptor = self.dkv_shape = None
         self.config = config
         if gluon:
-            grid = (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv)
+            # A GQA group over `splits` programs of `per_program` query heads each (dK and dV
+            # added into fp32 buffers when there are several), else one program per group.
+            group = heads // heads_kv
+            per_program = triton.cdiv(group, min(config.group_split, group))
+            splits = triton.cdiv(group, per_program)
+            scalars.update(GPP=per_program, SPLITS=splits, BHK=batch * heads_kv * splits)
+            flags = dict(flags, ATOMIC_DKV=splits > 1)
+            if splits > 1:
+                self.dkv_shape = (batch, heads_kv, n_k, flags["HEAD_DIM_PAD"])
+            grid = (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv * splits)
             if config.persistent:  # one program per SM walking the tiles
                 grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
             # A causal persistent grid's L2 sections (KV heads): the config's, else the rule's
             # (on a static grid the KV heads whose group's Q and dO fit in L2).
-            scalars["SECTION"] = config.section or l2_section(q.device, batch * heads_kv, 1, n_q * (heads // heads_kv),
-                                                              flags["HEAD_DIM_PAD"], q.element_size(), config.dynamic)
+            scalars["SECTION"] = config.section or l2_section(q.device, batch * heads_kv * splits, 1,
+                                                              n_q * per_program, flags["HEAD_DIM_PAD"],
+                                                              q.element_size(), config.dynamic)
             self.dkdv = Launch(load_module(config).KERNELS["dkdv"], grid,
                                _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ())
-                               + (("TileCounter",) if config.dynamic else ()), scalars, flags,
+                               + (("TileCounter",) if config.dynamic else ()) + _DKV_ACC, scalars, flags,
                                {"num_warps": config.num_warps})
             self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
                                                   {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
@@ -97,19 +108,24 @@ class BackwardPlan:
         self.dtype = q.dtype
         self.head_dim = head_dim
 
-    def launches(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None) -> list[tuple[Launch, tuple]]:
+    def launches(self, q, k, v, out, dout, lse, dq, dk, dv, acc=None, dkv_acc=None) -> list[tuple[Launch, tuple]]:
         """Each pass with its per-call arguments; ``acc``: dQ's fp32 buffer where the dK/dV
-        pass adds dQ up (zeroed by the caller; allocated uninitialized when None)."""
+        pass adds dQ up, ``dkv_acc``: dK's and dV's where a GQA group is split over programs
+        (zeroed by the caller; allocated uninitialized when None)."""
         if acc is None and self.acc_shape is not None:
             acc = torch.empty(self.acc_shape, device=q.device, dtype=torch.float32)
+        if dkv_acc is None:
+            dkv_acc = (None, None) if self.dkv_shape is None else \
+                tuple(torch.empty(self.dkv_shape, device=q.device, dtype=torch.float32) for _ in range(2))
         delta = torch.empty((self.rows,), device=q.device, dtype=torch.float32)
         if self.descriptors is not None:  # dk and dv: TMA-storable (see staged_gradients)
             *descs, dk_desc, dv_desc = self.descriptors(q=q, k=k, v=v, do=dout, dk=dk, dv=dv)
             counter = _tile_counter(self.config, q.device)
             if self.dq is None:  # dQ added up inside the Gluon pass
                 return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk_desc, dv_desc,
-                                                                     *self.acc_descriptor(dq=acc), *counter))]
-            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk_desc, dv_desc, *counter)),
+                                                                     *self.acc_descriptor(dq=acc), *counter, *dkv_acc))]
+            return [(self.pre, (out, dout, delta)), (self.dkdv, (*descs, lse, delta, dk_desc, dv_desc, *counter,
+                                                                 *dkv_acc)),
                     (self.dq, (q, k, v, dout, lse, delta, dq))]
         if self.dq is None:
             return [(self.pre, (out, dout, delta)), (self.dkdv, (q, k, v, dout, lse, delta, dk, dv, acc))]
@@ -126,10 +142,12 @@ class BackwardPlan:
         passes read it: d lse_i / d s_ij = P_ij, so dS = P * (dP - (delta - dlse)) in both
         the Triton and the Gluon passes, the kernels unchanged."""
         acc = None if self.acc_shape is None else torch.zeros(self.acc_shape, device=q.device, dtype=torch.float32)
+        dkv_acc = None if self.dkv_shape is None else \
+            tuple(torch.zeros(self.dkv_shape, device=q.device, dtype=torch.float32) for _ in range(2))
         dk_out, dv_out = dk, dv
         if self.descriptors is not None:
             dk, dv = self.staged_gradients(dk, dv)
-        calls = self.launches(q, k, v, out, dout, lse, dq, dk, dv, acc)
+        calls = self.launches(q, k, v, out, dout, lse, dq, dk, dv, acc, dkv_acc)
         fold = dlse is not None and not warmup
         if warmup or not concurrent or self.dq is None or q.device.type != "cuda":
             compiled = []
@@ -152,6 +170,10 @@ class BackwardPlan:
                 main.wait_stream(side)
         if acc is not None and not warmup:
             dq.copy_(acc[..., :self.head_dim])
+        if dkv_acc is not None and not warmup:
+            dk_out.copy_(dkv_acc[0][..., :self.head_dim])
+            dv_out.copy_(dkv_acc[1][..., :self.head_dim])
+            return compiled
         if dk is not dk_out and not warmup:
             dk_out.copy_(dk[..., :self.head_dim])
             dv_out.copy_(dv[..., :self.head_dim])

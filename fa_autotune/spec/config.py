@@ -53,7 +53,7 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
                       "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
                       "exp2_emu": 0, "half_step": False,
-                      "dq_atomic": False,
+                      "dq_atomic": False, "group_split": 1,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
@@ -64,6 +64,7 @@ GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop",
                 "half_step")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
 GLUON_EXP2_EMU = (0, 4, 8, 16)
+GROUP_SPLITS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,11 @@ class KernelConfig:
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
+    # Gluon backward, GQA: the programs that share one KV head's query heads (each takes
+    # ceil(group / group_split) of them) and add their dK and dV into fp32 buffers with atomics
+    # (FlashAttention-3's GQA backward at group_split = group), so that a few KV heads still
+    # fill the SMs; 1 keeps the whole group in one program, summed in registers.
+    group_split: int = 1
     # Backward, dQ in its own pass: that pass's BLOCK_M (query rows per program), BLOCK_N (K/V
     # rows per step), num_warps and num_stages; 0 keeps the dK/dV pass's value.
     dq_block_m: int = 0
@@ -260,7 +266,8 @@ class KernelConfig:
             return (f"attn_bwd_gluon_m{self.BLOCK_M}n{self.BLOCK_N}x{self.consumers}_s{self.num_stages}_"
                     f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask")
                     + ("_dqatomic" if self.dq_atomic else dq) + (f"_pers{self.persistent}" if self.persistent else "")
-                    + ("_dyn" if self.dynamic else "") + (f"_sec{self.section}" if self.section else ""))
+                    + ("_dyn" if self.dynamic else "") + (f"_sec{self.section}" if self.section else "")
+                    + (f"_gs{self.group_split}" if self.group_split != 1 else ""))
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -371,6 +378,7 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
                           f"rows per consumer, got BLOCK_M={cfg.BLOCK_M}, BLOCK_N={cfg.BLOCK_N}")
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
+    _check_int("group_split", cfg.group_split, GROUP_SPLITS)
     for name in ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
@@ -399,6 +407,8 @@ def _validate_structure(cfg: KernelConfig) -> None:
 
 
 def _validate_backward(cfg: KernelConfig) -> None:
+    if cfg.group_split != 1 and not (cfg.loop_order == "backward" and cfg.language == "gluon"):
+        raise ConfigError("group_split", "only the Gluon backward splits a GQA group over programs; use 1")
     if not isinstance(cfg.dq_atomic, bool):
         raise ConfigError("dq_atomic", f"expected true or false, got {cfg.dq_atomic!r}")
     if cfg.dq_atomic and cfg.loop_order != "backward":

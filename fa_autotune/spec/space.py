@@ -483,6 +483,8 @@ def _check_value(name: str, value: Any, where: str) -> None:
             probe["persistent"] = 1
         if name == "half_step":
             probe.update(overlap=False, BLOCK_N=128)
+    if name == "group_split":
+        probe.update(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64)
     try:
         KernelConfig.from_mapping(probe)
     except ConfigError as exc:

@@ -434,7 +434,10 @@ GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", 
     (GLUON_BACKWARD, 128),
     (GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2), 64),
     (GLUON_BACKWARD.with_(persistent=1, dynamic=True), 128),
-], ids=["dq-pass", "dq-atomic", "dq-atomic-128rows-d64", "dq-atomic-persistent-dynamic"])
+    (GLUON_BACKWARD.with_(group_split=4), 128),
+    (GLUON_BACKWARD.with_(group_split=2, persistent=1, dynamic=True), 128),
+], ids=["dq-pass", "dq-atomic", "dq-atomic-128rows-d64",
+        "dq-atomic-persistent-dynamic", "dq-atomic-group-split4", "dq-atomic-group-split2-persistent-dynamic"])
 def test_gluon_backward_compiles_for_hopper(config, head_dim):
     """The Gluon dK/dV pass compiles for sm_90 into FlashAttention-3's parts (a producer that
     gives registers to two consumers, TMA loads of K, V, Q and dO, mbarrier waits, async
@@ -443,7 +446,8 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     up in fp32 itself (five matrix products a step, the adds as TMA bulk reduces), and its
     step loops keep their values in registers (at D=128 they once spilled 193 instructions a
     step, which halved its speed; a GQA causal variant now reloads about a dozen values a
-    step, in loops of 700-1100 instructions). dK and dV leave through TMA stores."""
+    step, in loops of 700-1100 instructions). dK and dV leave through TMA stores, or with the
+    GQA group split over programs (group_split) as fp32 atomic adds and no TMA store."""
     from fa_autotune.kernels.bwd import triton_backward
 
     problem = Problem(2, 16, 4, 2048, 2048, head_dim, "bfloat16", causal=True, kind="bwd")
@@ -457,8 +461,12 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     assert "inc 240" in dkdv.setmaxnreg and any(b.startswith("dec") for b in dkdv.setmaxnreg)
     assert counts["wgmma.mma_async"] > 0 and counts["cp.async.bulk.tensor"] >= 4 and counts["mbarrier.try_wait"] > 0
     assert (counts["cp.reduce.async.bulk.tensor"] > 0) == config.dq_atomic  # dQ's bulk reduce-add
-    assert counts["cp.async.bulk.tensor.4d.global.shared"] >= 4  # dK and dV of both consumers, stored by TMA
-    assert counts["atom.global"] == int(config.dynamic)  # no per-thread atomics; a dynamic grid's tile counter
+    if config.group_split == 1:
+        assert counts["cp.async.bulk.tensor.4d.global.shared"] >= 4  # dK and dV of both consumers, stored by TMA
+        assert counts["atom.global"] == int(config.dynamic)  # no per-thread atomics; a dynamic grid's tile counter
+    else:  # dK and dV added into fp32 buffers: per-thread atomics, no TMA store
+        assert counts["cp.async.bulk.tensor.4d.global.shared"] == 0
+        assert counts["atom.global"] >= 2 * 64 + int(config.dynamic)
     assert 0 < dkdv.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
     if config.dq_atomic:  # a few words of the GQA and tile loops' state at most
         spills = dkdv.stack_bytes, dkdv.step_loop_local_memory

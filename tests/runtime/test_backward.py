@@ -200,6 +200,7 @@ GPU_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv)
     (1024, 2048, 128, True, "bottom_right", 16, 4),
     (512, 512, 256, True, "top_left", 4, 4),
     (300, 700, 80, False, "top_left", 6, 3),
+    (257, 257, 128, True, "top_left", 14, 2),  # a group of 7: uneven parts when split
 ]
 
 
@@ -271,9 +272,12 @@ DQ_ATOMIC = dict(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stag
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("changes", [{}, dict(num_stages=3), dict(causal_mode="masked"), dict(consumers=1),
                                      dict(DQ_ATOMIC), dict(DQ_ATOMIC, causal_mode="masked", consumers=1),
-                                     dict(persistent=1), dict(DQ_ATOMIC, persistent=1, dynamic=True)],
+                                     dict(persistent=1), dict(DQ_ATOMIC, persistent=1, dynamic=True),
+                                     dict(DQ_ATOMIC, group_split=2), dict(group_split=4, causal_mode="masked"),
+                                     dict(DQ_ATOMIC, group_split=8, persistent=1, dynamic=True)],
                          ids=["s2", "s3", "masked", "one-consumer", "dq-atomic", "dq-atomic-masked-one-consumer",
-                              "persistent", "dq-atomic-persistent-dynamic"])
+                              "persistent", "dq-atomic-persistent-dynamic", "dq-atomic-group-split2",
+                              "group-split4-masked", "dq-atomic-group-split8-persistent-dynamic"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c[2] <= 128],
                          ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-{'causal-' + c[4] if c[3] else 'full'}")
 def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
@@ -298,8 +302,9 @@ def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Gluon dK/dV pass needs a Hopper GPU")
-@pytest.mark.parametrize("changes", [dict(DQ_ATOMIC), {}, dict(DQ_ATOMIC, persistent=1, dynamic=True)],
-                         ids=["dq-atomic", "dq-pass", "dq-atomic-persistent-dynamic"])
+@pytest.mark.parametrize("changes", [dict(DQ_ATOMIC), {}, dict(DQ_ATOMIC, persistent=1, dynamic=True),
+                                     dict(DQ_ATOMIC, group_split=4)],
+                         ids=["dq-atomic", "dq-pass", "dq-atomic-persistent-dynamic", "dq-atomic-group-split4"])
 def test_gpu_gluon_backward_stages_gradients_tma_cannot_store(changes):
     """dK and dV given as views TMA cannot store into (rows 136 bytes apart) go through
     buffers of the plan's own, copied in: right, and the columns beside them untouched."""
