@@ -17,6 +17,13 @@ called on (B, N, H, D) copies of the inputs made before timing. Each provider's 
 checked against a float32 reference before it is timed; a wrong or unavailable provider (FA4
 not installed, say) is reported, not timed. Ratios are against cuDNN, and against FA4 where it
 ran; geomeans per dtype; the matmul ceiling is measured in the same run.
+
+FP8 problems (dtype ``float8_e4m3fn``/``float8_e5m2``, e.g. the ``fp8`` preset) run on bf16
+inputs with outlier channels (what the tuner judges FP8 on): ``tuned`` and ``default`` are
+``attention_fp8`` on inputs quantized beforehand with the config's recipe (per block, Hadamard,
+...), ``tuned_quantize`` is ``attention_fp8`` quantizing the bf16 inputs itself (the price
+of quantization: its ratio to ``tuned``), and the other providers run the same problem in
+bf16, so each FP8 row sets FP8 beside the 16-bit kernels of the same shape.
 """
 from __future__ import annotations
 
@@ -42,12 +49,14 @@ from .spec.problem import Problem
 from .spec.space import load_space
 from .spec.target import detect_gpu, detect_software, environment
 from .store import connect
-from .tune.inputs import TrialInputs, random_inputs
+from .fp8.quantize import fmt_of, quantize_fp8, tile_blocks
+from .tune.inputs import TrialInputs, fp8_source_inputs, random_inputs
 from .tune.measure import sdpa_call, time_callable
 from .tune.reference import compare, compare_all, reference_attention, reference_gradients
 from .tune.search import TuneOptions, Tuner
 
-PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex", "fa4")
+PROVIDERS = ("tuned", "default", "tutorial", "cudnn", "flash", "efficient", "flex", "fa4", "tuned_quantize")
+FP8_ONLY = ("tuned_quantize",)  # providers only FP8 rows have
 BASELINE = "cudnn"
 LEADER = "fa4"  # the strongest other kernels: ratios against it too, where it ran
 
@@ -91,6 +100,16 @@ def cell_ratio(cell: dict, base: dict) -> float | None:
 
 class Unavailable(Exception):
     """A provider that cannot run this problem here (missing backend, unsupported shape)."""
+
+
+class NotApplicable(Unavailable):
+    """A provider that has no meaning for this kind of row (no cell is written)."""
+
+
+def default_providers(problems: list[Problem]) -> tuple[str, ...]:
+    """Every provider, those of FP8 rows only where there are FP8 problems."""
+    fp8 = any(p.is_fp8 for p in problems)
+    return tuple(p for p in PROVIDERS if fp8 or p not in FP8_ONLY)
 
 
 def config_call(config: KernelConfig, problem: Problem, q, k, v) -> Callable[[], torch.Tensor]:
@@ -186,6 +205,10 @@ class Bench:
 
     def callable_for(self, provider: str, problem: Problem, q, k, v):
         """(fn, context factory or None, detail)."""
+        if problem.is_fp8:
+            return self.fp8_callable_for(provider, problem, q, k, v)
+        if provider in FP8_ONLY:
+            raise NotApplicable(f"{provider} runs FP8 rows only")
         if provider == "tuned":
             info = api.explain(q, k, v, problem.causal)
             return (lambda: api.attention(q, k, v, problem.causal)), None, f"{info['kernel']} ({info['source']})"
@@ -201,6 +224,30 @@ class Bench:
             return _fa4_call(problem, *_fa4_layout(problem, q, k, v)), None, "flash_attn.cute.flash_attn_func"
         fn, context = sdpa_call(provider, problem, q, k, v)
         return fn, context, f"SDPA {provider}"
+
+    def fp8_callable_for(self, provider: str, problem: Problem, q, k, v):
+        """FP8 rows, on 16-bit ``q, k, v``: ours through ``attention_fp8`` (quantized beforehand
+        with the config's recipe, or by ``attention_fp8`` itself for ``tuned_quantize``); every
+        other provider on the 16-bit inputs (same shape)."""
+        fmt = fmt_of(problem.dtype)
+        if provider == "tuned_quantize":
+            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).config
+            return (lambda: api.attention_fp8(q, k, v, causal=problem.causal, fmt=fmt)), None, \
+                f"{chosen.name}, quantizing {q.dtype} inputs ({chosen.fp8_scaling}, hadamard {chosen.fp8_hadamard})"
+        if provider in ("tuned", "default"):
+            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).config if provider == "tuned" \
+                else default_for(problem, detect_gpu(q.device.index or 0))
+            block_q, block_k = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
+            x = quantize_fp8(q, k, v, scaling=chosen.fp8_scaling, hadamard=chosen.fp8_hadamard, fmt=fmt,
+                             block_q=block_q, block_k=block_k)
+            config = None if provider == "tuned" else chosen
+            return (lambda: api.attention_fp8(x, causal=problem.causal, config=config, out_dtype=q.dtype)), None, \
+                f"{chosen.name}, prequantized ({chosen.fp8_scaling}, hadamard {chosen.fp8_hadamard})"
+        if provider == "tutorial":
+            raise Unavailable("the tutorial's configs have no FP8 kernels")
+        fn, context, detail = self.callable_for(provider, problem.with_dtype(str(q.dtype).removeprefix("torch.")),
+                                                q, k, v)
+        return fn, context, f"{detail} on the {str(q.dtype).removeprefix('torch.')} inputs"
 
     def _tutorial_config(self, problem: Problem) -> KernelConfig:
         """Best of the tutorial's config list for this problem, tuned exhaustively (answered
@@ -287,9 +334,12 @@ class Bench:
         if problem.decode:
             x = TrialInputs.kv_cache(problem, "cuda")
             q, k, v = x.reference
+        elif problem.is_fp8:  # LLM-like activations with outlier channels, in bf16
+            q, k, v = (t.to(torch.bfloat16) for t in fp8_source_inputs(problem, "cuda"))
         else:
             q, k, v = random_inputs(problem, "cuda")
-        ref, _ = reference_attention(q, k, v, causal=problem.causal, causal_align=problem.causal_align)
+        ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=problem.causal,
+                                     causal_align=problem.causal_align)
         if problem.decode:
             return self._row(problem, lambda p: self.decode_callable_for(p, problem, x), lambda out: compare(out, ref))
         return self._row(problem, lambda p: self.callable_for(p, problem, q, k, v), lambda out: compare(out, ref))
@@ -327,6 +377,8 @@ class Bench:
                     timed[provider] = (fn, context, report.rel, detail)
                 elif time_one(provider, fn, context, report.rel, detail, 0):
                     self._ok(row, problem, provider, rounds[provider], report.rel, detail)
+            except NotApplicable:
+                pass
             except Exception as exc:  # a provider that cannot run is a result, not a crash
                 row.cells[provider] = Cell(provider, "unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
             torch.cuda.synchronize()

@@ -665,7 +665,7 @@ def _bench(args: argparse.Namespace) -> int:
     """Time every attention provider side by side on the GPU (each output checked first)."""
     import torch
 
-    from .bench import PROVIDERS, Bench, markdown, matmul_ceiling, merge, resume, write
+    from .bench import Bench, default_providers, markdown, matmul_ceiling, merge, resume, write
 
     if args.merge:
         if args.resume or args.match or args.with_forward or args.seqlen is not None or args.rounds != 1:
@@ -688,7 +688,7 @@ def _bench(args: argparse.Namespace) -> int:
         problems, name = list(space.presets[args.preset].problems), args.preset
     if args.match:
         problems, name = _matching(problems, args), f"{name} (problems matching {args.match})"
-    providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else PROVIDERS
+    providers = tuple(p.strip() for p in args.providers.split(",")) if args.providers else default_providers(problems)
     bench = Bench(providers, args.db, rep_ms=args.rep_ms, with_forward=args.with_forward, rounds=args.rounds)
     ceiling, rows = resume(Path(args.out), providers, args.rounds) if args.resume else (None, [])
     ceiling = ceiling or matmul_ceiling()
@@ -803,7 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(seqlen=None)
     p.add_argument("--space", default="fwd", help="search space holding the preset")
     p.add_argument("--providers", default=None, help="comma-separated subset of: tuned, default, tutorial, cudnn, "
-                                                     "flash, efficient, flex, fa4 (FlashAttention-4, the [fa4] extra)")
+                                                     "flash, efficient, flex, fa4 (FlashAttention-4, the [fa4] extra), "
+                                                     "tuned_quantize (FP8 rows: attention_fp8 quantizing itself)")
     p.add_argument("--db", default=None, help="database for the tutorial baseline's tuning (default: FA_AUTOTUNE_DB "
                                                "or the user cache dir)")
     p.add_argument("--rep-ms", type=_positive_float, default=200.0, help="timing repetitions per provider, in ms")

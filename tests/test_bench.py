@@ -9,6 +9,7 @@ import torch
 
 from fa_autotune.bench import Bench, Cell, Row, geomeans, markdown
 from fa_autotune.errors import FaAutotuneError
+from fa_autotune.tune.reference import compare, reference_attention
 
 
 def row(problem, dtype, **ms):
@@ -375,3 +376,30 @@ def test_config_call_runs_a_named_config_and_refuses_one_that_cannot_run():
     with pytest.raises(ConfigError):
         config_call(KernelConfig(BLOCK_M=48), problem, q, k, v)
     assert _prepared is config_call
+
+
+def test_fp8_rows_run_attention_fp8_prequantized_and_quantizing():
+    """FP8 rows: ``tuned``/``default`` time attention_fp8 on inputs quantized beforehand with
+    the config's recipe, ``tuned_quantize`` quantizing itself; all within FP8's tolerance of
+    float32 (interpreter, fp16 sources); the other providers take the 16-bit problem, and
+    ``tuned_quantize`` has no cell on a 16-bit row."""
+    from fa_autotune.bench import FP8_ONLY, PROVIDERS, NotApplicable, Unavailable, default_providers
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.tune.reference import TOLERANCE
+
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn", causal=True)
+    q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16) for _ in range(3))
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=True)
+    bench = Bench(("tuned", "default", "tuned_quantize", "tutorial"), None)
+    for provider in ("tuned", "default", "tuned_quantize"):
+        fn, context, detail = bench.callable_for(provider, problem, q, k, v)
+        out = fn()
+        assert out.dtype == torch.float16 and context is None and ("prequantized" in detail) == (provider != "tuned_quantize")
+        assert compare(out.float(), ref).rel <= TOLERANCE["float8_e4m3fn"], provider
+    with pytest.raises(Unavailable, match="no FP8 kernels"):
+        bench.callable_for("tutorial", problem, q, k, v)
+    with pytest.raises(NotApplicable):
+        bench.callable_for("tuned_quantize", problem.with_dtype("float16"), q, k, v)
+    sixteen = Problem(1, 2, 2, 64, 64, 32, "float16")
+    assert default_providers([sixteen]) == tuple(p for p in PROVIDERS if p not in FP8_ONLY)
+    assert default_providers([sixteen, problem]) == PROVIDERS
