@@ -226,13 +226,16 @@ class _AttentionGradients(torch.autograd.Function):
 def _backward_config(problem: Problem, q, k, v, dout, deterministic: bool = False) -> KernelConfig:
     """The dispatcher's backward config for ``problem`` (kind "bwd"): the built-in one when
     what it finds is not a backward kernel, the Triton built-in one when it is a Gluon kernel
-    these tensors' layouts cannot feed, and its dQ in its own pass when ``deterministic``."""
+    these tensors' layouts cannot feed, and its dQ in its own pass and each GQA group in one
+    program when ``deterministic``."""
     capability = gpu_of(q.device.type, q.device.index or 0).capability_tuple
     chosen = DISPATCHER.choose(problem, q.device.type, q.device.index or 0).config
     if chosen.loop_order != "backward":
         chosen = backward_default(problem, capability)
     if chosen.language == "gluon" and gluon_backward_error(q, k, v, dout) is not None:
         chosen = backward_default(problem, capability, gluon=False)
+    if deterministic and chosen.group_split != 1:  # dK and dV of a split group are added up by atomics
+        chosen = chosen.with_(group_split=1)
     if deterministic and chosen.dq_atomic:  # its own dQ pass, shaped as the Triton built-in one
         if chosen.language == "gluon":  # beside the dQ pass the Gluon pass steps 64 query rows
             return GLUON_BACKWARD_TWO_PASS.with_(consumers=chosen.consumers)

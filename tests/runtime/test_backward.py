@@ -191,6 +191,10 @@ def test_deterministic_gluon_backward_keeps_its_dq_pass(monkeypatch):
     assert api._backward_config(problem, q, k, v, q, False) == inside
     two_pass = api._backward_config(problem, q, k, v, q, True)
     assert two_pass == GLUON_BACKWARD_TWO_PASS.with_(consumers=1) and not two_pass.dq_atomic
+    split = GLUON_BACKWARD_TWO_PASS.with_(group_split=4)  # dK/dV by atomics: each group in one program
+    monkeypatch.setattr(api.DISPATCHER, "choose", lambda problem, device_type, index: SimpleNamespace(config=split))
+    assert api._backward_config(problem, q, k, v, q, False) == split
+    assert api._backward_config(problem, q, k, v, q, True) == GLUON_BACKWARD_TWO_PASS
 
 GPU_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv)
     (113, 203, 32, True, "bottom_right", 8, 2),
