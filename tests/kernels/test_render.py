@@ -166,7 +166,8 @@ GLUON_SAMPLE = [
 
 @pytest.mark.parametrize("config", GLUON_SAMPLE, ids=lambda c: c.name)
 def test_gluon_modules_hold_gluon_kernels_only(config):
-    """The Gluon template renders @gluon.jit functions over Gluon's Hopper API, its glossary
+    """The Gluon template renders @gluon.jit functions over Gluon's Hopper API (and the shared
+    Gluon helpers of kernels/gluon_parts.py), its glossary
     spelling the schedule, and the same KernelModule interface as the Triton ones."""
     rendered = render.render(config)
     assert rendered.source.startswith(f'"""{config.name}:') and "{{" not in rendered.source
@@ -174,7 +175,8 @@ def test_gluon_modules_hold_gluon_kernels_only(config):
     imports = {node.module if isinstance(node, ast.ImportFrom) else alias.name
                for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     assert imports == {"triton.experimental", "triton.experimental.gluon",
-                       "triton.experimental.gluon.language.nvidia.hopper"}
+                       "triton.experimental.gluon.language.nvidia.hopper",
+                       "fa_autotune.kernels.gluon_parts"}  # the helpers the fwd and bwd kernels share
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     assert all(any(ast.unparse(d) == "gluon.jit" for d in f.decorator_list) for f in functions)
     assert config.name in {f.name for f in functions}

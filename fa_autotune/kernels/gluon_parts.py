@@ -1,0 +1,35 @@
+"""Gluon helpers that the generated FlashAttention-3 kernels share, forward and backward
+(templates/attn_fwd_gluon.py.jinja, attn_bwd_gluon.py.jinja import them): plain
+``@gluon.jit`` functions, so that the templates keep Jinja for text that must vary only.
+Generated kernels import this module; it holds no kernel of its own.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+__all__ = ["post_value", "read_value", "tma_view"]
+
+
+@gluon.jit
+def tma_view(buf, desc):
+    """A 2-D [rows, HEAD_DIM_PAD] tile seen as the rank-4 (1, 1, rows, HEAD_DIM_PAD) box the
+    descriptors move: the same bytes and swizzle."""
+    return buf._reinterpret(buf.dtype, desc.block_type.shape, desc.layout)
+
+
+@gluon.jit
+def post_value(slots, slot, value):
+    """The producer posts ``value`` in int32 shared-memory slot ``slot`` (every thread of its
+    4 warps writes the same value; the mbarrier arrive that follows releases it to the
+    consumers: a tile id beside its K/V or Q buffers, or a varlen tile's bounds)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    slots.index(slot).store(gl.full([1], value, gl.int32, one))
+
+
+@gluon.jit
+def read_value(slots, slot):
+    """The value posted in ``slot`` (read by a 4-warp partition after waiting on the mbarrier
+    the producer arrived on after posting it)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return gl.max(slots.index(slot).load(one), 0)
