@@ -35,3 +35,21 @@ def test_bwd_sweep_runs_small_in_the_interpreter(tmp_path):
     (row,) = json.loads((tmp_path / "bwd_sweep.json").read_text())["rows"]
     assert row["skipped"] == {} and 0 < row["rel_error"]["triton 16x16"] < 1e-2  # checked, then timed
     assert "| b1_hq4_hkv2_nq64_nk64_d32_float16_causal-top_left_bwd | " in (tmp_path / "bwd_sweep.md").read_text()
+
+
+def test_training_step_runs_small_in_the_interpreter(tmp_path):
+    """A tiny Llama-style attention layer: fa_autotune's step checked against the float32
+    layer (output and every gradient within twice PyTorch's math attention's error), then
+    timed; cuDNN and FA4 are reported unavailable on a CPU, not errors."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "training_step.py"), "--small", "--rounds", "1",
+                             "--rep-ms", "1", "--out", str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "training_step.json").read_text())["rows"]
+    ours = row["cells"]["fa_autotune"]
+    assert ours["status"] == "ok" and ours["tokens_per_s"] > 0
+    assert all(0 < ours["rel_error"][n] <= row["bound"][n] for n in ("output", "d_input", "d_wq", "d_wk", "d_wv", "d_wo"))
+    if not __import__("torch").cuda.is_available():
+        assert row["cells"]["cudnn"]["status"] == row["cells"]["fa4"]["status"] == "unavailable"
+    assert "| 2 x 48 | " in (tmp_path / "training_step.md").read_text()
