@@ -11,12 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_fp8_cache_and_sinks_runs_small_in_the_interpreter(tmp_path):
+def run_small(script: str, out: Path) -> None:
+    """``benchmarks/<script> --small`` with one round of 1 ms into ``out``, in the interpreter."""
     env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_cache_and_sinks.py"), "--small",
-                             "--rounds", "1", "--rep-ms", "1", "--out", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--small", "--rounds", "1",
+                             "--rep-ms", "1", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_fp8_cache_and_sinks_runs_small_in_the_interpreter(tmp_path):
+    run_small("fp8_cache_and_sinks.py", tmp_path)
     data = json.loads((tmp_path / "fp8_cache_and_sinks.json").read_text())
     assert data["device"] == "cpu" and len(data["cache"]) == 4 and len(data["sinks"]) == 2
     for row in data["cache"]:  # both caches checked against float32 over what they hold
@@ -27,11 +32,7 @@ def test_fp8_cache_and_sinks_runs_small_in_the_interpreter(tmp_path):
 
 
 def test_bwd_sweep_runs_small_in_the_interpreter(tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bwd_sweep.py"), "--small", "--rounds", "1",
-                             "--rep-ms", "1", "--out", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_small("bwd_sweep.py", tmp_path)
     (row,) = json.loads((tmp_path / "bwd_sweep.json").read_text())["rows"]
     assert row["skipped"] == {} and 0 < row["rel_error"]["triton 16x16"] < 1e-2  # checked, then timed
     assert "| b1_hq4_hkv2_nq64_nk64_d32_float16_causal-top_left_bwd | " in (tmp_path / "bwd_sweep.md").read_text()
@@ -41,11 +42,7 @@ def test_training_step_runs_small_in_the_interpreter(tmp_path):
     """A tiny Llama-style attention layer: fa_autotune's step checked against the float32
     layer (output and every gradient within twice PyTorch's math attention's error), then
     timed; cuDNN and FA4 are reported unavailable on a CPU, not errors."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "training_step.py"), "--small", "--rounds", "1",
-                             "--rep-ms", "1", "--out", str(tmp_path)],
-                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
+    run_small("training_step.py", tmp_path)
     (row,) = json.loads((tmp_path / "training_step.json").read_text())["rows"]
     ours = row["cells"]["fa_autotune"]
     assert ours["status"] == "ok" and ours["tokens_per_s"] > 0
