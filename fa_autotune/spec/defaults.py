@@ -179,6 +179,7 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
     """The backward kernels from H200 sweeps: on Hopper in fp16/bf16 for 16 < D <= 128 the
     Gluon pass with dQ added up inside it (GLUON_BACKWARD: 64 query rows a step and a ring of
     3 past D=64, 128 rows and 2 up to D=64; benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows/results.md;
+    causal GQA split to a query head per program;
     not below D=32, where each consumer's dQ half would be 8 columns, a case never run on a
     GPU; ``gluon=False`` for inputs it cannot read); otherwise the Triton kernels
     (benchmarks/results/2026-12-01-h200-bwd-sweep/results.md): dK/dV keeps 64 K/V rows
@@ -195,7 +196,15 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
         # from a counter, its producer loading the next tile's first Q/dO tiles while the
         # consumers finish this one (1-5% at llm-prefill's non-causal shapes). Causal grids keep a program per tile,
         # which the hardware hands out longest first (benchmarks/results/2026-12-02-h200-bwd-persistent/results.md).
-        return chosen if problem.causal else chosen.with_(persistent=1, dynamic=True)
+        if not problem.causal:
+            return chosen.with_(persistent=1, dynamic=True)
+        # Causal GQA: one query head of a KV group per program, dK/dV added up by fp32 atomics
+        # (FlashAttention-3's GQA backward): 1.06x (32:8, N=8192) to 1.62x (28:4, N=3000) the
+        # whole group in one program on an H100; without a mask (32:8, N=4096) 0.96-0.97x, so
+        # not there (benchmarks/results/2026-12-05-h100-bwd-group-split/bwd_sweep.md).
+        if problem.gqa_group > 1:
+            chosen = chosen.with_(group_split=min(8, 1 << (problem.gqa_group - 1).bit_length()))
+        return chosen
     dq = dict(dq_block_m=128, dq_block_n=64, dq_warps=8, dq_stages=3)
     if problem.head_dim_pad <= 64:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3, **dq)

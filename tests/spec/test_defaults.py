@@ -106,6 +106,12 @@ def test_hopper_backward_defaults_to_gluon(dtype):
         assert backward_default(problem, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(problem))
     short = Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd")
     assert backward_default(short, (9, 0)).language == "gluon"
+    # causal GQA: a query head per program (the power of two covering the group, at most 8)
+    for hq, hkv, split in ((32, 8, 4), (28, 4, 8), (24, 8, 4), (64, 4, 8), (32, 16, 2)):
+        gqa = Problem(1, hq, hkv, 3000, 3000, 128, dtype, causal=True, kind="bwd")
+        assert backward_default(gqa, (9, 0)) == GLUON_BACKWARD.with_(group_split=split), (hq, hkv)
+        assert backward_default(gqa, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(gqa))
+    assert backward_default(short, (9, 0)).group_split == 1  # without a mask: one program per group
     tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
     assert backward_default(tiny, (9, 0)).language == "triton"
     for problem, capability in ((d128, (9, 0)), (d128, (8, 0)), (d128, None),
