@@ -10,7 +10,7 @@ rounds on one set of inputs, every output checked first:
   not, on inputs with attention sinks (the first 4 keys' K x40, V x10): time and the relative
   error of each against float32.
 
-    python3 benchmarks/fp8_cache_and_sinks.py --out DIR [--rounds 3] [--rep-ms 100]
+    python3 benchmarks/fp8_cache_and_sinks.py --out DIR [--rounds 3] [--rep-ms 100] [--sweep]
 
 Writes DIR/fp8_cache_and_sinks.json and .md. ``--small`` runs tiny shapes (on a CPU: in
 Triton's interpreter, which proves the code paths, never a speed).
@@ -47,7 +47,26 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm())
 
 
-def cache_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dict]:
+def _cache_variants(sweep: bool, small: bool, batch: int, length: int, page: int) -> list:
+    """Decode configs to time over the FP8 cache beside the dispatched one (``--sweep``): 64-
+    and 128-key steps, pipeline depths, 4 and 8 warps, the default split count and more."""
+    from fa_autotune.spec.config import KernelConfig
+    from fa_autotune.spec.defaults import decode_default
+    from fa_autotune.spec.problem import Problem
+
+    if not sweep:
+        return []
+    hq, hkv, d = (4, 2, 32) if small else (HQ, HKV, D)
+    problem = Problem(batch, hq, hkv, 1, length, d, "bfloat16", kind="decode", page_size=page)
+    split = decode_default(problem, None if small else (9, 0)).num_splits
+    shapes = ([(16, 1, 4, split)] if small else
+              [(64, 4, 4, split), (64, 4, 4, 2 * split), (64, 2, 4, 2 * split), (64, 2, 4, 4 * split),
+               (128, 3, 4, split), (128, 3, 4, 2 * split), (128, 3, 8, split), (128, 2, 8, 2 * split)])
+    return [KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=n, num_stages=stages, num_warps=warps,
+                         num_splits=min(splits, 128)) for n, stages, warps, splits in shapes]
+
+
+def cache_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool = False) -> list[dict]:
     import fa_autotune
     from fa_autotune.tune.reference import reference_attention
 
@@ -86,21 +105,27 @@ def cache_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dic
                     x = x[table.long()].flatten(1, 2)
                 return x.transpose(1, 2)
 
+            calls = {"bf16": bf16, "fp8": fp8}
+            for config in _cache_variants(sweep, small, batch, length, page):
+                calls[f"fp8 {config.name}"] = lambda config=config: fa_autotune.attention_with_kvcache(
+                    q, k8, v8, k_descale=k_descale, v_descale=v_descale, config=config, **common)
             errors = {}
-            for name, fn, kc, vc, descales in (("bf16", bf16, k, v, (None, None)),
-                                               ("fp8", fp8, k8, v8, (k_descale, v_descale))):
+            for name, fn in calls.items():
+                kc, vc, descales = (k, v, (None, None)) if name == "bf16" else (k8, v8, (k_descale, v_descale))
                 ref, _ = reference_attention(q.float().transpose(1, 2), dense(kc, descales[0]), dense(vc, descales[1]))
                 errors[name] = _rel(fn().transpose(1, 2), ref)
-            ms = _rounds({"bf16": bf16, "fp8": fp8}, rounds, rep_ms, device)
-            bytes_read = {"bf16": 2 * k.numel() * k.element_size(), "fp8": 2 * k8.numel()}
+            ms = _rounds(calls, rounds, rep_ms, device)
+            bytes_read = {name: 2 * k8.numel() for name in calls} | {"bf16": 2 * k.numel() * k.element_size()}
+            best = min((name for name in ms if name != "bf16"), key=ms.get)
             rows.append({"batch": batch, "cache_len": length, "page_size": page, "heads": f"{hq}:{hkv}",
                          "head_dim": d, "ms": ms, "fp8_speedup": ms["bf16"] / ms["fp8"],
+                         "best_fp8": best, "best_fp8_speedup": ms["bf16"] / ms[best],
                          "cache_tb_per_s": {n: bytes_read[n] / ms[n] / 1e9 for n in ms}, "rel_error": errors})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def sink_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dict]:
+def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool = False) -> list[dict]:
     import fa_autotune
     from fa_autotune.tune.reference import reference_attention
 
@@ -123,8 +148,15 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float) -> list[dict
         def sink():
             return fa_autotune.attention_fp8(x, causal=causal, config=config)
 
-        errors = {"plain": _rel(plain(), ref), "sink_tile": _rel(sink(), ref)}
-        ms = _rounds({"plain": plain, "sink_tile": sink}, rounds, rep_ms, device)
+        calls = {"plain": plain, "sink_tile": sink}
+        for tiles in ([] if not sweep or small else [dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+                                                     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2,
+                                                          access="tensor_desc")]):
+            changes = dict(fp8_scaling="per_block", fp8_hadamard=True, fp8_pv="separate") | tiles
+            calls["sink_tile m{BLOCK_M}n{BLOCK_N}w{num_warps}s{num_stages}".format(**tiles)] = (
+                lambda changes=changes: fa_autotune.attention_fp8(x, causal=causal, config=changes))
+        errors = {name: _rel(fn(), ref) for name, fn in calls.items()}
+        ms = _rounds(calls, rounds, rep_ms, device)
         work = 4.0 * b * h * n * n * d / (2 if causal else 1)
         rows.append({"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal, "ms": ms,
                      "tflops": {name: work / m / 1e9 for name, m in ms.items()},
@@ -140,6 +172,11 @@ def _markdown(result: dict) -> str:
         lines.append(f"| {r['batch']} x {r['cache_len']} | {r['page_size'] or '-'} | {r['ms']['bf16']:.4f} | "
                      f"{r['ms']['fp8']:.4f} | {r['fp8_speedup']:.2f}x | {r['cache_tb_per_s']['bf16']:.2f} / "
                      f"{r['cache_tb_per_s']['fp8']:.2f} | {r['rel_error']['bf16']:.4f} / {r['rel_error']['fp8']:.4f} |")
+    swept = [(r, name) for r in result["cache"] for name in r["ms"] if name.startswith("fp8 ")]
+    if swept:
+        lines += ["", "| batch x cache | pages | FP8 config | ms | vs bf16 cache | error |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['batch']} x {r['cache_len']} | {r['page_size'] or '-'} | {name[4:]} | {r['ms'][name]:.4f} | "
+                  f"{r['ms']['bf16'] / r['ms'][name]:.2f}x | {r['rel_error'][name]:.4f} |" for r, name in swept]
     lines += ["", "| problem | causal | FP8 ms | with sink tile ms | cost | TFLOPS | error / with sink tile |",
               "|---|---|---|---|---|---|---|"]
     for r in result["sinks"]:
@@ -147,6 +184,12 @@ def _markdown(result: dict) -> str:
                      f"{r['ms']['plain']:.4f} | {r['ms']['sink_tile']:.4f} | {r['sink_tile_cost']:.3f}x | "
                      f"{r['tflops']['plain']:.0f} / {r['tflops']['sink_tile']:.0f} | "
                      f"{r['rel_error']['plain']:.4f} / {r['rel_error']['sink_tile']:.4f} |")
+    swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith("sink_tile ")]
+    if swept:
+        lines += ["", "| problem | causal | sink tile config | ms | vs FP8 without | error |", "|---|---|---|---|---|---|"]
+        lines += [f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | {name[10:]} | "
+                  f"{r['ms'][name]:.4f} | {r['ms'][name] / r['ms']['plain']:.3f}x | {r['rel_error'][name]:.4f} |"
+                  for r, name in swept]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--small", action="store_true", help="tiny shapes (the CPU smoke run)")
     parser.add_argument("--only", choices=("cache", "sinks"), help="one of the two parts")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time other decode configs over the FP8 cache, and other tiles for the sink tile")
     args = parser.parse_args(argv)
     from fa_autotune.spec.target import environment
 
@@ -166,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no GPU here: only --small runs (in Triton's interpreter: TRITON_INTERPRET=1)")
     result = {"command": " ".join(sys.argv), "environment": environment(), "rounds": args.rounds,
               "rep_ms": args.rep_ms, "device": device,
-              "cache": [] if args.only == "sinks" else cache_rows(args.small, device, args.rounds, args.rep_ms),
-              "sinks": [] if args.only == "cache" else sink_rows(args.small, device, args.rounds, args.rep_ms)}
+              "cache": [] if args.only == "sinks" else cache_rows(args.small, device, args.rounds, args.rep_ms, args.sweep),
+              "sinks": [] if args.only == "cache" else sink_rows(args.small, device, args.rounds, args.rep_ms, args.sweep)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fp8_cache_and_sinks.json").write_text(json.dumps(result, indent=2, default=str))
     (args.out / "fp8_cache_and_sinks.md").write_text(_markdown(result))

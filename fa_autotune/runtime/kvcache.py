@@ -271,7 +271,7 @@ def _problem(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal) -> t
     n_new = 0 if k is None else k.shape[1]
     seqlen_k = cache_seqlens + n_new if isinstance(cache_seqlens, numbers.Integral) and not isinstance(
         cache_seqlens, bool) else capacity
-    check_runnable(q)
+    check_runnable(q, bf16_dots=k_cache.element_size() > 1)
     problem = Problem(batch, heads_q, heads_kv, n_q, max(0, min(seqlen_k, capacity)), head_dim,
                       str(q.dtype).removeprefix("torch."), causal, "bottom_right" if causal else "top_left",
                       kind="decode", page_size=page_size)

@@ -235,11 +235,12 @@ def problem_from_tensors(
     )
 
 
-def check_runnable(q: "torch.Tensor") -> None:
+def check_runnable(q: "torch.Tensor", bf16_dots: bool = True) -> None:
     """q's device can run the kernels: a CUDA GPU of compute capability 8.0 or newer, or the
-    CPU through Triton's interpreter (which computes bfloat16 dot products wrong)."""
+    CPU through Triton's interpreter (which computes bfloat16 dot products wrong: refused
+    unless ``bf16_dots`` is False, as over an FP8 KV cache, whose products are fp16)."""
     _check_device(q.device)
-    if q.device.type == "cpu" and _dtype_name(q) == "bfloat16":
+    if q.device.type == "cpu" and _dtype_name(q) == "bfloat16" and bf16_dots:
         raise InputError("bfloat16 tensors on the CPU: Triton's interpreter computes bfloat16 dot products wrong "
                          "(NumPy has no bfloat16); use float16 or float32 on the CPU, or CUDA tensors")
 

@@ -480,6 +480,29 @@ def test_fp8_cache_appends_quantized_and_attends_dequantized(case, causal, devic
           [n + 2 for n in lengths], causal)
 
 
+@pytest.mark.parametrize("magnitude", [1e-6, 1.0, 1e5])
+def test_fp8_cache_attends_bf16_q_of_any_magnitude(magnitude, device):
+    """bf16 q over an e4m3 cache: the kernels multiply fp16 operands (K and V upcast in one
+    packed conversion, q scaled into fp16's range by a power of two that the score scale takes
+    back), so queries past fp16's range (1e5) or below its normal numbers (1e-6) still give
+    attention over the dequantized cache; a NaN in one query row makes that row NaN and leaves
+    every other row of its tile bit for bit as it was."""
+    k16, v16, _ = make_cache(2, 48, 2, 32, device=device)
+    k_descale = torch.tensor([2.0 ** -6, 2.0 ** -5], device=device)
+    v_descale = torch.tensor([2.0 ** -4, 2.0 ** -7], device=device)
+    k_cache, v_cache = _quantized(k16, k_descale), _quantized(v16, v_descale)
+    q = (torch.randn(2, 1, 8, 32, device=device) * magnitude / 4).bfloat16()
+    descales = dict(k_descale=k_descale.expand(2, 2), v_descale=v_descale.expand(2, 2))
+    out = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, config=DECODE, **descales)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    check(out, None, q, _dequantized(k_cache, k_descale), _dequantized(v_cache, v_descale), None, [40, 40], False)
+    q[0, 0, 3, 5] = float("nan")  # query head 3: the last row of KV head 0's tile
+    poisoned = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=40, config=DECODE, **descales)
+    assert poisoned[0, 0, 3].isnan().all()
+    poisoned[0, 0, 3] = out[0, 0, 3]
+    assert torch.equal(poisoned, out)
+
+
 def test_fp8_cache_takes_one_number_per_cache_and_refuses_mistakes(device):
     """Scalar descales broadcast to every sequence and KV head; a missing descale, descales
     for a 16-bit cache, a wrong shape, fp32 q, or K and V caches of different dtypes are clear
