@@ -25,7 +25,7 @@ from ..spec.defaults import decode_default
 from ..spec.problem import Problem, check_runnable
 from .api import _refuse_grad, sdpa_alias
 from .dispatch import DISPATCHER, gpu_of
-from .select import runnable_decode
+from .select import for_fp8_cache, runnable_decode
 
 _PLANS: dict[tuple, DecodePlan] = {}
 _PLANS_LOCK = threading.Lock()
@@ -131,7 +131,7 @@ def attention_with_kvcache(
     lse = (torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), device=q.device, dtype=torch.float32)
            if return_softmax_lse else None)
     if problem.batch and problem.seqlen_q or n_new:
-        chosen = runnable_decode(_config(problem, q, config, num_splits),
+        chosen = runnable_decode(_config(problem, q, config, num_splits, descales is not None),
                                  cache_tma_ok(k_cache, v_cache, block_table is not None))
         check_interpretable(q)
         tensor_lengths = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
@@ -409,7 +409,7 @@ def _written_pages_shared(block_table: torch.Tensor, valid: torch.Tensor, used: 
     return written & (counts[pages] > 1)
 
 
-def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
+def _config(problem: Problem, q, config, num_splits, fp8_cache: bool = False) -> KernelConfig:
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or not 0 <= num_splits <= MAX_SPLITS:
         raise InputError(f"num_splits must be 0 (tuned) or 1..{MAX_SPLITS}, got {num_splits!r}")
     if isinstance(config, str):
@@ -423,6 +423,8 @@ def _config(problem: Problem, q, config, num_splits) -> KernelConfig:
         if chosen.loop_order != "decode":  # a foreign config in a tuned file: the built-in one
             gpu = gpu_of(q.device.type, q.device.index or 0)
             chosen = decode_default(problem, gpu.capability_tuple, max(gpu.sm_count, 1))
+        if fp8_cache and q.device.type == "cuda":  # tuned on 16-bit caches: steps of as many bytes
+            chosen = for_fp8_cache(chosen, problem)
     if chosen.loop_order != "decode":
         raise ConfigError("loop_order", f"attention_with_kvcache runs loop_order='decode' configs, got {chosen.name}")
     if num_splits:  # n programs per sequence, as asked: not a balanced (persistent) grid
