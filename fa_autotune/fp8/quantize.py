@@ -146,7 +146,7 @@ def _fusable(q: torch.Tensor, k: torch.Tensor) -> bool:
         _check_fusable(q, k)
     except InputError:
         return False
-    return q.shape[3] <= 128 or torch.cuda.get_device_capability(q.device) >= (9, 0)
+    return q.shape[3] <= 128 or (q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) >= (9, 0))
 
 
 def _check_fusable(q: torch.Tensor, k: torch.Tensor) -> None:
