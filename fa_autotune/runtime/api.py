@@ -373,10 +373,8 @@ def attention_fp8(
     fp16/bf16, else bfloat16); otherwise as :func:`attention` (SDPA's keyword names too).
     ``sink_tile=True`` scores the first K tile from the unquantized q and k (quantize_fp8's
     ``sink_tile``; for Fp8Inputs, those quantized with it): accurate with attention sinks,
-    at the cost of one 16-bit score tile per Q tile. None: as the Fp8Inputs were quantized;
-    when quantizing here, on up to head dim 128 (1.03-1.07x the time on an H100 at D=128)
-    unless an explicit config is warp-specialized (which cannot run it), off past 128 (its
-    16-bit tile spills there when compiled for sm_90, and its cost is unmeasured).
+    at the cost of one 16-bit score tile per Q tile (1.03-1.07x the kernel's time on an H100
+    at D=128). None: as the Fp8Inputs were quantized, off when quantizing here.
     """
     if sink_tile is not None and not isinstance(sink_tile, bool):
         raise InputError(f"sink_tile must be True, False or None, got {sink_tile!r}")
@@ -405,8 +403,6 @@ def attention_fp8(
         problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
         recipe = None if scaling is None and hadamard is None else (scaling, hadamard)
         chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
-        if sink_tile is None:
-            sink_tile = problem.head_dim <= 128 and not (config is not None and chosen.warp_specialize)
         tiles = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
         inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
                               hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,

@@ -78,13 +78,9 @@ def test_inplace_pv_product(device, scaling, rescale_threshold):
 def test_convenience_path_quantizes_like_quantize_fp8(device):
     q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
     direct = attention_fp8(q, k, v, config=SMALL, scaling="per_head", hadamard=True, fmt="e4m3")
-    via = attention_fp8(quantize_fp8(q, k, v, scaling="per_head", hadamard=True, fmt="e4m3", sink_tile=True),
-                        config=SMALL, out_dtype=torch.float16)
-    assert direct.dtype == torch.float16 and torch.equal(direct, via)  # the sink tile is on by default here
-    without = attention_fp8(q, k, v, config=SMALL, scaling="per_head", hadamard=True, fmt="e4m3", sink_tile=False)
     via = attention_fp8(quantize_fp8(q, k, v, scaling="per_head", hadamard=True, fmt="e4m3"), config=SMALL,
                         out_dtype=torch.float16)
-    assert torch.equal(without, via)
+    assert direct.dtype == torch.float16 and torch.equal(direct, via)
 
 
 def test_bottom_right_gqa_and_default_config(device):
@@ -195,14 +191,12 @@ def _sink_inputs(device, hq=4, hkv=2, n_q=100, n_k=100, d=64, seed=0):
 def test_sink_tile_keeps_attention_sinks_accurate(device, causal, align, n_q, scaling):
     """With sinks every recipe is off by 0.13-0.15 (FP8's rounding of Q and K, amplified by the
     sinks' scores); scoring the first K tile from the 16-bit q and k brings it under 0.06,
-    GQA, causal in both alignments and a ragged last tile included, quantized here (where it
-    is the default up to D=128) or ahead."""
+    GQA, causal in both alignments and a ragged last tile included, quantized here or ahead."""
     q, k, v = _sink_inputs(device, n_q=n_q)
     options = dict(causal=causal, causal_align=align, config=SMALL, scaling=scaling, block_q=32, block_k=32)
-    plain = _error(attention_fp8(q, k, v, sink_tile=False, **options), q, k, v, causal, align)
+    plain = _error(attention_fp8(q, k, v, **options), q, k, v, causal, align)
     sink = _error(attention_fp8(q, k, v, sink_tile=True, **options), q, k, v, causal, align)
-    default = _error(attention_fp8(q, k, v, **options), q, k, v, causal, align)
-    assert plain > 0.1 and sink <= 0.06 and default == sink, (plain, sink, default)
+    assert plain > 0.1 and sink <= 0.06, (plain, sink)
     inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32, sink_tile=True)
     assert inputs.sources[0] is q and inputs.sources[1] is k  # kept, not copied
     ahead = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL)
@@ -218,7 +212,7 @@ def test_sink_tile_shorter_than_a_tile_and_without_sinks(device):
     out = attention_fp8(q, k, v, causal=True, config=SMALL, sink_tile=True)
     assert _error(out, q, k, v, True) <= 0.06
     q, k, v = make_qkv(1, 2, 2, 77, 77, 64, torch.float16, device)
-    plain = _error(attention_fp8(q, k, v, config=SMALL, sink_tile=False), q, k, v)
+    plain = _error(attention_fp8(q, k, v, config=SMALL), q, k, v)
     sink = _error(attention_fp8(q, k, v, config=SMALL, sink_tile=True), q, k, v)
     assert sink <= TOLERANCE["float8_e4m3fn"] and sink <= plain * 1.05
 
@@ -250,33 +244,6 @@ def test_sink_tile_sources_and_configs_are_checked(device):
     specialized = dict(SMALL, access="tensor_desc", causal_mode="split", num_stages=2, warp_specialize=True)
     with pytest.raises(ConfigError, match="warp_specialize: the FP8 sink tile runs without warp specialization"):
         attention_fp8(inputs, config=specialized)
-
-
-def test_sink_tile_default_when_quantizing_here(device, monkeypatch):
-    """Quantizing here, the sink tile is on up to D=128 and off past it (spills at sm_90, cost
-    unmeasured) or under an explicit warp-specialized config (which cannot run it)."""
-    from fa_autotune.runtime import api
-
-    seen = []
-    real = api.quantize_fp8
-    monkeypatch.setattr(api, "quantize_fp8", lambda *a, **kw: seen.append(kw["sink_tile"]) or real(*a, **kw))
-    q, k, v = make_qkv(1, 2, 2, 32, 32, 32, torch.float16, device)
-    attention_fp8(q, k, v, config=SMALL, block_q=32, block_k=32)
-    wide = make_qkv(1, 2, 2, 32, 32, 192, torch.float16, device)
-    attention_fp8(*wide, config=SMALL, block_q=32, block_k=32)
-    assert seen == [True, False]
-
-    class Quantized(Exception):
-        pass
-
-    def record_only(*args, **kwargs):  # the interpreter cannot run a TMA config: stop at the choice
-        seen.append(kwargs["sink_tile"])
-        raise Quantized
-    monkeypatch.setattr(api, "quantize_fp8", record_only)
-    specialized = dict(SMALL, access="tensor_desc", causal_mode="split", num_stages=2, warp_specialize=True)
-    with pytest.raises(Quantized):
-        attention_fp8(q, k, v, config=specialized, block_q=32, block_k=32)
-    assert seen == [True, False, False]
 
 
 def test_dispatched_sink_tile_runs_unspecialized(device, monkeypatch):
