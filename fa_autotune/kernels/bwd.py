@@ -9,6 +9,7 @@ import triton
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
 from .checks import check_gluon_backward, tma_layout_ok
+from .gluon_bwd_wide import DQ_COLS
 from .launch import LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter, l2_section
 from .render import load_module
 
@@ -26,6 +27,22 @@ def triton_backward(config: KernelConfig) -> KernelConfig:
     return KernelConfig(loop_order="backward", BLOCK_M=config.BLOCK_M, BLOCK_N=config.BLOCK_N, num_warps=4,
                         num_stages=2, causal_mode=config.causal_mode, dq_block_m=dq_m, dq_block_n=dq_n,
                         dq_warps=dq_w, dq_stages=dq_s)
+
+
+def wide_backward_error(config: KernelConfig) -> ConfigError | None:
+    """Why Gluon backward ``config`` cannot run past head dim 128, or None. There it is
+    kernels.gluon_bwd_wide's kernel: dQ added up inside it, two consumers sharing a 64-key
+    block, 64 query rows a step, a Q ring of at most 2 (208 KB of shared memory at D=256), a
+    program per key block."""
+    wanted = {"dq_atomic": True, "consumers": 2, "BLOCK_M": 64, "persistent": 0}
+    for name, value in wanted.items():
+        if getattr(config, name) != value:
+            return ConfigError(name, f"past head dim 128 the Gluon backward runs with {name}={value!r} "
+                                     f"(got {getattr(config, name)!r})")
+    if config.num_stages > 2:
+        return ConfigError("num_stages", f"past head dim 128 the Gluon backward's Q ring holds at most 2 tiles "
+                                         f"(got {config.num_stages}: it would not fit in shared memory)")
+    return None
 
 
 class BackwardPlan:
@@ -76,7 +93,10 @@ class BackwardPlan:
             flags = dict(flags, ATOMIC_DKV=splits > 1)
             if splits > 1:
                 self.dkv_shape = (batch, heads_kv, n_k, flags["HEAD_DIM_PAD"])
-            grid = (triton.cdiv(n_k, config.BLOCK_N * config.consumers), batch * heads_kv * splits)
+            wide = flags["HEAD_DIM_PAD"] > 128
+            if wide and (error := wide_backward_error(config)) is not None:
+                raise error
+            grid = (triton.cdiv(n_k, config.BLOCK_N * (1 if wide else config.consumers)), batch * heads_kv * splits)
             if config.persistent:  # one program per SM walking the tiles
                 grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
             # A causal persistent grid's L2 sections (KV heads): the config's, else the rule's
@@ -84,17 +104,20 @@ class BackwardPlan:
             scalars["SECTION"] = config.section or l2_section(q.device, batch * heads_kv * splits, 1,
                                                               n_q * per_program, flags["HEAD_DIM_PAD"],
                                                               q.element_size(), config.dynamic)
-            self.dkdv = Launch(load_module(config).KERNELS["dkdv"], grid,
+            self.dkdv = Launch(load_module(config).KERNELS["dkdv_wide" if wide else "dkdv"], grid,
                                _BWD_DKDV_GLUON + (("dq_desc",) if config.dq_atomic else ())
                                + (("TileCounter",) if config.dynamic else ()) + _DKV_ACC, scalars, flags,
                                {"num_warps": config.num_warps})
-            self.descriptors = _gluon_descriptors(q.dtype, flags["HEAD_DIM_PAD"],
-                                                  {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
-                                                   "do": config.BLOCK_M, "dk": config.BLOCK_N, "dv": config.BLOCK_N})
+            d = flags["HEAD_DIM_PAD"]
+            inputs = _gluon_descriptors(q.dtype, d, {"q": config.BLOCK_M, "k": config.BLOCK_N, "v": config.BLOCK_N,
+                                                     "do": config.BLOCK_M})
+            # dK and dV: stored whole by each consumer, or past D=128 a column half by each
+            grads = _gluon_descriptors(q.dtype, d // 2 if wide else d, {"dk": config.BLOCK_N, "dv": config.BLOCK_N})
+            self.descriptors = lambda q, k, v, do, dk, dv: inputs(q=q, k=k, v=v, do=do) + grads(dk=dk, dv=dv)
             if config.dq_atomic:  # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows
-                split = 2 if config.consumers == 2 else 1  # two consumers: half of the columns each
-                self.acc_descriptor = _gluon_descriptors(torch.float32, flags["HEAD_DIM_PAD"] // split,
-                                                         {"dq": config.BLOCK_M})
+                # two consumers: half of the columns each; past D=128 chunks of DQ_COLS
+                cols = DQ_COLS.value if wide else d // (2 if config.consumers == 2 else 1)
+                self.acc_descriptor = _gluon_descriptors(torch.float32, cols, {"dq": config.BLOCK_M})
         else:
             self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv),
                                _BWD_DKDV, scalars, flags, options)

@@ -173,6 +173,10 @@ GLUON_BACKWARD_TWO_PASS = KernelConfig(loop_order="backward", language="gluon", 
                                        BLOCK_N=64, num_warps=4, num_stages=2, dq_block_m=128, dq_block_n=64,
                                        dq_warps=8, dq_stages=3)
 """The Gluon dK/dV pass beside the Triton dQ pass: deterministic=True's Hopper backward."""
+# Past D=128 (192 runs padded to 256): FlashAttention-3's hdim-256 split, both consumers on one
+# 64-key block, S and dP split by key columns, dK and dV by head-dim halves, dQ in 64-column
+# chunks; a Q ring of 2 and one dO tile fit in 208 KB (kernels/gluon_bwd_wide.py).
+GLUON_WIDE_BACKWARD = GLUON_BACKWARD.with_(num_stages=2)
 
 
 def backward_default(problem: Problem, capability: tuple[int, int] | None = None, gluon: bool = True) -> KernelConfig:
@@ -181,16 +185,25 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
     3 past D=64, 128 rows and 2 up to D=64; benchmarks/results/2026-12-02-h200-bwd-sweep-dq-rows/results.md;
     causal GQA split to a query head per program;
     not below D=32, where each consumer's dQ half would be 8 columns, a case never run on a
-    GPU; ``gluon=False`` for inputs it cannot read); otherwise the Triton kernels
+    GPU; ``gluon=False`` for inputs it cannot read); past D=128 the same with a ring of 2
+    (GLUON_WIDE_BACKWARD: kernels.gluon_bwd_wide, 0.90-1.05x cuDNN on an H100 where the
+    Triton kernels ran 0.37-0.43x; benchmarks/results/2026-12-05-h100-bwd-wide/README.md);
+    otherwise the Triton kernels
     (benchmarks/results/2026-12-01-h200-bwd-sweep/results.md): dK/dV keeps 64 K/V rows
     against 64 streamed query rows at D=128 (2 stages; 128 against 32 with 3 stages at
     D<=64), 4 warps; dQ keeps 128 query rows against 64 streamed K/V rows with 8 warps and
     3 stages; 32 x 32 tiles past D=128; 16 x 16 in the interpreter."""
     if capability is None:
         return KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    if problem.head_dim_pad > 128:
+    hopper_gluon = gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16")
+    if problem.head_dim_pad > 128 and not hopper_gluon:
         return KernelConfig(loop_order="backward", BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2)
-    if gluon and capability[0] == 9 and problem.dtype in ("float16", "bfloat16") and problem.head_dim_pad >= 32:
+    if problem.head_dim_pad > 128:  # kernels.gluon_bwd_wide's kernel: both consumers on one key block
+        chosen = GLUON_WIDE_BACKWARD
+        if problem.causal and problem.gqa_group > 1:
+            chosen = chosen.with_(group_split=min(8, 1 << (problem.gqa_group - 1).bit_length()))
+        return chosen
+    if hopper_gluon and problem.head_dim_pad >= 32:
         chosen = GLUON_BACKWARD if problem.head_dim_pad > 64 else GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
         # Without a mask every tile is as long as the next: one program per SM taking tiles
         # from a counter, its producer loading the next tile's first Q/dO tiles while the

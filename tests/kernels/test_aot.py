@@ -473,6 +473,29 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
         assert spills[0] <= 96 and spills[1] <= 12, spills
 
 
+@pytest.mark.parametrize("head_dim, group_split", [(256, 1), (192, 2)], ids=["d256", "d192-group-split2"])
+def test_wide_gluon_backward_compiles_for_hopper(head_dim, group_split):
+    """Past head dim 128 the Gluon backward is the wide kernel (both consumers on one 64-key
+    block): it compiles for sm_90 within shared memory (about 208 KB), with setmaxnreg, wgmma
+    of 32 key columns for S and dP, 128 head-dim columns for dK and dV and 64 for dQ's chunks
+    (added by TMA bulk reduces), and nothing spilled (at D=256 each consumer holds 128 fp32
+    accumulator registers); dK and dV leave by TMA stores, or split (group_split) by atomics."""
+    from fa_autotune.spec.defaults import GLUON_WIDE_BACKWARD
+
+    config = GLUON_WIDE_BACKWARD.with_(group_split=group_split)
+    problem = Problem(2, 16, 4, 2048, 2048, head_dim, "bfloat16", causal=True, kind="bwd")
+    (result,) = compile_many([config], problem, jobs=1, sass=True)
+    assert result.status == "ok", result.error
+    (dkdv,) = [k for k in result.kernels if k.kernel == f"{config.name}_dkdv_wide"]
+    counts = dict(dkdv.instructions)
+    assert "inc 240" in dkdv.setmaxnreg and any(b.startswith("dec") for b in dkdv.setmaxnreg)
+    assert {"m64n32k16.f32.bf16.bf16", "m64n128k16.f32.bf16.bf16", "m64n64k16.f32.bf16.bf16"} <= set(dkdv.mma)
+    assert counts["cp.reduce.async.bulk.tensor"] > 0 and counts["mbarrier.try_wait"] > 0
+    assert (counts["cp.async.bulk.tensor.4d.global.shared"] > 0) == (group_split == 1)
+    assert 200 * 1024 <= dkdv.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
+    assert dkdv.stack_bytes == 0 and dkdv.step_loop_local_memory == 0
+
+
 SINK_AOT = '''
 import json, torch, triton
 from triton.backends.compiler import GPUTarget

@@ -270,6 +270,24 @@ GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", 
 DQ_ATOMIC = dict(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stages=0)
 
 
+def _plan_gradients(config: KernelConfig, case: tuple, dtype: torch.dtype):
+    """A backward plan of `config` run on fresh inputs of `case` (n_q, n_k, d, causal, align,
+    heads_q, heads_kv) into NaN-filled gradients: the plan, its inputs (q, k, v, dout), the
+    gradients it wrote, and float32's and PyTorch's same-precision gradients."""
+    n_q, n_k, d, causal, align, hq, hkv = case
+    q = torch.randn(2, hq, n_q, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(2, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = fa_autotune.attention(q, k, v, causal=causal, causal_align=align, return_lse=True)
+    got = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    offset = n_k - n_q if align == "bottom_right" else 0
+    plan = BackwardPlan(config, q, k, v, out, dout, *got, d ** -0.5, offset, causal)
+    plan(q, k, v, out, dout, lse, *got)
+    exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=causal, causal_align=align)
+    same_precision = grads(reference, q, k, v, dout, causal=causal, causal_align=align)
+    return plan, (q, k, v, dout), got, exact, same_precision
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Gluon dK/dV pass needs a Hopper GPU")
@@ -287,17 +305,7 @@ DQ_ATOMIC = dict(dq_atomic=True, dq_block_m=0, dq_block_n=0, dq_warps=0, dq_stag
 def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
     """The Gluon dK/dV pass (named, with the Triton preprocess and dQ pass, or with dQ added
     up inside it): the same criterion as the Triton backward, every gradient finite."""
-    n_q, n_k, d, causal, align, hq, hkv = case
-    q = torch.randn(2, hq, n_q, d, device="cuda", dtype=dtype)
-    k, v = (torch.randn(2, hkv, n_k, d, device="cuda", dtype=dtype) for _ in range(2))
-    dout = torch.randn_like(q)
-    out, lse = fa_autotune.attention(q, k, v, causal=causal, causal_align=align, return_lse=True)
-    got = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    offset = n_k - n_q if align == "bottom_right" else 0
-    plan = BackwardPlan(KernelConfig(**dict(GLUON_BWD, **changes)), q, k, v, out, dout, *got, d ** -0.5, offset, causal)
-    plan(q, k, v, out, dout, lse, *got)
-    exact = grads(reference, q.float(), k.float(), v.float(), dout.float(), causal=causal, causal_align=align)
-    same_precision = grads(reference, q, k, v, dout, causal=causal, causal_align=align)
+    _, _, got, exact, same_precision = _plan_gradients(KernelConfig(**dict(GLUON_BWD, **changes)), case, dtype)
     for name, a, w, p in zip("qkv", got, exact, same_precision):
         assert torch.isfinite(a).all(), f"d{name} has NaN/Inf"
         assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
@@ -325,6 +333,61 @@ def test_gpu_gluon_backward_stages_gradients_tma_cannot_store(changes):
     for name, a, w, p in zip("qkv", got, exact, same_precision):
         assert rel(a, w) <= 2 * rel(p, w) + 1e-4, f"d{name}: {rel(a, w):.2e} vs PyTorch {rel(p, w):.2e}"
     assert all(torch.isnan(t[..., 64:]).all() for t in wide)
+
+
+WIDE_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv): past D=128
+    (512, 512, 256, True, "top_left", 4, 4),
+    (1000, 1000, 192, True, "top_left", 8, 2),  # ragged last key block and query tile
+    (300, 700, 256, True, "bottom_right", 4, 2),
+    (700, 300, 160, True, "bottom_right", 4, 4),  # rows that see no key
+    (640, 640, 256, False, "top_left", 8, 1),
+    (257, 389, 192, False, "top_left", 14, 2),  # a group of 7
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the Gluon dK/dV pass needs a Hopper GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("changes", [{}, dict(num_stages=1), dict(group_split=2), dict(causal_mode="masked")],
+                         ids=["default", "s1", "group-split2", "masked"])
+@pytest.mark.parametrize("case", WIDE_CASES,
+                         ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-g{c[5] // c[6]}-{'causal-' + c[4] if c[3] else 'full'}")
+def test_gpu_wide_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
+    """Past head dim 128 (kernels.gluon_bwd_wide: both consumers on one key block, the
+    products split by key columns and head-dim halves), run by its plan and through
+    attention()'s autograd: flash-attn's criterion, every gradient finite."""
+    from fa_autotune.spec.defaults import GLUON_WIDE_BACKWARD
+
+    plan, (q, k, v, dout), got, exact, same_precision = _plan_gradients(GLUON_WIDE_BACKWARD.with_(**changes),
+                                                                         case, dtype)
+    assert plan.dkdv.kernel.__name__.endswith("_dkdv_wide")
+    causal, align = case[3], case[4]
+    through_autograd = grads(fa_autotune.attention, q, k, v, dout, causal=causal, causal_align=align)
+    for name, a, b, w, p in zip("qkv", got, through_autograd, exact, same_precision):
+        for label, t in (("plan", a), ("autograd", b)):
+            assert torch.isfinite(t).all(), f"d{name} ({label}) has NaN/Inf"
+            assert rel(t, w) <= 2 * rel(p, w) + 1e-4, f"d{name} ({label}): {rel(t, w):.2e} vs PyTorch {rel(p, w):.2e}"
+
+
+def test_wide_gluon_backward_refuses_what_it_cannot_run():
+    """Ahead of any GPU (meta tensors): past head dim 128 the Gluon backward runs the wide
+    kernel (a program per 64-key block) and refuses, naming the parameter, what that kernel
+    cannot be (dQ in its own pass, one consumer, 128-row steps, a persistent grid, a Q ring
+    of 3); the backward the API picks there never is one of those (deterministic=True: Triton)."""
+    from fa_autotune.errors import ConfigError
+    from fa_autotune.spec.defaults import GLUON_BACKWARD_TWO_PASS, GLUON_WIDE_BACKWARD
+
+    q, k, v = (torch.empty(2, 4, 300, 192, device="meta", dtype=torch.bfloat16) for _ in range(3))
+    plan = BackwardPlan(GLUON_WIDE_BACKWARD, q, k, v, q, q, q, k, v, 0.125, 0, True)
+    assert plan.dkdv.grid == (5, 8)  # 300 keys in blocks of 64, (batch, KV head) pairs
+    for bad, name in ((GLUON_BACKWARD_TWO_PASS, "dq_atomic"), (GLUON_WIDE_BACKWARD.with_(consumers=1), "consumers"),
+                      (GLUON_WIDE_BACKWARD.with_(BLOCK_M=128), "BLOCK_M"),
+                      (GLUON_WIDE_BACKWARD.with_(persistent=1, dynamic=True), "persistent"),
+                      (GLUON_WIDE_BACKWARD.with_(num_stages=3), "num_stages")):
+        with pytest.raises(ConfigError) as error:
+            BackwardPlan(bad, q, k, v, q, q, q, k, v, 0.125, 0, True)
+        assert error.value.parameter == name and "past head dim 128" in str(error.value)
 
 
 def test_gluon_backward_stages_only_gradients_tma_cannot_store():

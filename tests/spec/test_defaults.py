@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from fa_autotune.kernels.bwd import wide_backward_error
 from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, GLUON_WIDE,
-                                       backward_default, default_config, defaults_for, gluon_candidates)
+                                       GLUON_WIDE_BACKWARD, backward_default, default_config, defaults_for,
+                                       gluon_candidates)
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.space import load_space
 from fa_autotune.spec.target import GpuInfo
@@ -90,8 +92,8 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     """The Gluon backward on Hopper in fp16/bf16 up to D=128, dQ added up inside it (128 query
     rows a step up to D=64, 64 past it), every length, one program per SM taking tiles from a
     counter without a mask (causal grids keep a program per tile); the Triton kernels for
-    fp32, D=256, other GPUs, the interpreter, and (gluon=False) inputs the Gluon pass cannot
-    read."""
+    fp32, other GPUs, the interpreter, and (gluon=False) inputs the Gluon pass cannot read;
+    past D=128 the wide Gluon kernel (both consumers on one key block)."""
     d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
     full = Problem(4, 16, 16, 4096, 4096, 128, dtype, kind="bwd")
     assert backward_default(full, (9, 0)) == GLUON_BACKWARD.with_(persistent=1, dynamic=True)
@@ -114,11 +116,21 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     assert backward_default(short, (9, 0)).group_split == 1  # without a mask: one program per group
     tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
     assert backward_default(tiny, (9, 0)).language == "triton"
-    for problem, capability in ((d128, (9, 0)), (d128, (8, 0)), (d128, None),
-                                (Problem(4, 16, 16, 4096, 4096, 128, "float32", kind="bwd"), (9, 0)),
-                                (Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd"), (9, 0))):
-        config = backward_default(problem, capability, gluon=capability != (9, 0) or problem.dtype == "float32"
-                                  or problem.head_dim > 128)
+    # past D=128 (192 padded to 256): the wide kernel, both consumers on one key block; causal GQA split
+    for d in (160, 192, 256):
+        wide = Problem(4, 8, 8, 4096, 4096, d, dtype, causal=True, kind="bwd")
+        assert backward_default(wide, (9, 0)) == GLUON_WIDE_BACKWARD
+        assert backward_default(wide, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(wide))
+        assert wide_backward_error(GLUON_WIDE_BACKWARD) is None
+    gqa = Problem(1, 32, 4, 4096, 4096, 256, dtype, causal=True, kind="bwd")
+    assert backward_default(gqa, (9, 0)) == GLUON_WIDE_BACKWARD.with_(group_split=8)
+    assert all(wide_backward_error(c) is None for c in load_space("bwd").for_arch("sm90").grid(gqa)
+               if c.language == "gluon")
+    d256 = Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd")
+    for problem, capability, gluon in ((d128, (9, 0), False), (d128, (8, 0), True), (d128, None, True),
+                                       (Problem(4, 16, 16, 4096, 4096, 128, "float32", kind="bwd"), (9, 0), True),
+                                       (d256, (8, 0), True), (d256, (9, 0), False)):
+        config = backward_default(problem, capability, gluon=gluon)
         assert config.language == "triton" and config.loop_order == "backward", (problem.key, capability)
 
 
