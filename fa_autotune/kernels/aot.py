@@ -154,9 +154,8 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
             source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, consts, attrs)
             compiled = triton.compile(source, target=target, options=launch.options)
         except Exception as exc:  # compiler failures are data for the tuner
-            message = str(exc).strip().splitlines()
             return CompileResult(config, "compile_error", time.perf_counter() - start, tuple(reports),
-                                 message[-1] if message else type(exc).__name__)
+                                 compile_error_message(exc))
         ptx = compiled.asm.get("ptx", "")
         registers, stack = resource_usage(compiled.asm.get("cubin", b""))
         reports.append(KernelReport(fn.__name__, int(compiled.metadata.shared), "wgmma" in ptx, ptx.count("\n"),
@@ -245,6 +244,17 @@ def _setmaxnreg(ptx: str) -> tuple[str, ...]:
 
 def _mma_kinds(ptx: str) -> tuple[str, ...]:
     return tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.([\w.]+)", ptx))))
+
+
+def compile_error_message(exc: BaseException) -> str:
+    """One line for a failed compile: the innermost cause (Triton chains a CompilationError per
+    inlined function) as `Type: message`, its last line not a source caret."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip() and set(line.strip()) != {"^"}]
+    where = next((line for line in lines if line.startswith("at ") and line.endswith(":")), "")
+    text = lines[-1] if lines and lines[-1] != where else ""
+    return " ".join(part for part in (type(exc).__name__, where, text) if part)
 
 
 def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool]) -> CompileResult:

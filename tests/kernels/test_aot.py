@@ -619,3 +619,18 @@ def test_fp8_cache_decode_compiles_for_hopper(tmp_path):
     assert appends and all(r["cvt_fp8"] > 0 for r in appends)
     mains = [r for name, r in reports.items() if not name.endswith(("_append", "_combine", "_units"))]
     assert len(mains) == 2 and all(r["cvt_fp8"] > 0 for r in mains)  # e4m3 -> bf16 upcasts
+
+
+def test_compile_error_message_names_the_innermost_cause():
+    """A failed compile is reported by one line naming what failed and where: Triton chains a
+    CompilationError per inlined function whose own text ends in a source caret; the tuner's
+    status must carry the innermost cause, not "^"."""
+    from fa_autotune.kernels.aot import compile_error_message
+
+    inner = RuntimeError("at 44:52:\n    dq = gl.zeros([64, n])\n    ^\nAttributeError(\"'int' object has no "
+                         "attribute 'type'\")")
+    outer = RuntimeError("at 3:4:\n    gl.warp_specialize(\n    ^")
+    outer.__cause__ = inner
+    message = compile_error_message(outer)
+    assert message == "RuntimeError at 44:52: AttributeError(\"'int' object has no attribute 'type'\")", message
+    assert compile_error_message(ValueError("shape must be a power of 2")) == "ValueError shape must be a power of 2"
