@@ -34,18 +34,43 @@ def _child_of(parent: int) -> None:
         os._exit(1)
 
 
+#: Modules inside which a KeyboardInterrupt is deferred: raised in the middle of a SQLAlchemy
+#: fetch it leaves a cursor SQLite has closed, and SQLAlchemy logs "Error closing cursor" with
+#: a traceback on the user's terminal (a transaction it interrupts is rolled back either way).
+DEFER_IN = ("sqlalchemy", "sqlite3", "alembic", "optuna.storages")
+RETRY_S = 0.05
+
+
+def _inside(frame, prefixes: tuple[str, ...]) -> bool:
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith(prefixes):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class SigintGuard:
-    """Ctrl-C that is not lost. Python raises KeyboardInterrupt wherever the main thread is
-    when SIGINT arrives; inside a finalizer or a garbage-collector callback (SQLAlchemy
-    registers those) the exception is printed as "ignored" and the run goes on. While
-    guarded, the handler also records the signal, and :meth:`check` (called between trials)
-    raises it again."""
+    """Ctrl-C that is not lost and leaves no traceback. Python raises KeyboardInterrupt
+    wherever the main thread is when SIGINT arrives; inside a finalizer or a garbage-collector
+    callback (SQLAlchemy registers those) the exception is printed as "ignored" and the run
+    goes on, and inside a database call SQLAlchemy logs its own failure to clean up. While
+    guarded, the handler records the signal; inside database code (:data:`DEFER_IN`) it
+    raises nothing and signals the main thread again after :data:`RETRY_S` (which also wakes
+    a wait it has gone on to) until it is out; :meth:`check` (between trials) raises a
+    recorded one."""
 
     def __init__(self) -> None:
         self._hit = threading.Event()
+        self._retry: threading.Timer | None = None
 
     def _handler(self, signum, frame) -> None:
         self._hit.set()
+        if _inside(frame, DEFER_IN):
+            self._retry = threading.Timer(RETRY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+            self._retry.daemon = True
+            self._retry.start()
+            return
         raise KeyboardInterrupt
 
     def check(self) -> None:
@@ -55,8 +80,8 @@ class SigintGuard:
     @contextmanager
     def installed(self) -> Iterator["SigintGuard"]:
         """The handler for the duration, where Python's own one is in place on the main thread
-        (elsewhere nothing changes: signal handlers belong to the main thread); the record is
-        cleared on the way out."""
+        (elsewhere nothing changes: signal handlers belong to the main thread); the record and
+        a pending retry are cleared on the way out."""
         self._hit.clear()
         ours = threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -66,7 +91,12 @@ class SigintGuard:
             yield self
         finally:
             if ours:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a retry in flight finds nothing to raise
+                if self._retry is not None:
+                    self._retry.cancel()
+                    self._retry.join()
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._retry = None
             self._hit.clear()  # a signal the run already answered (or ended under) is not raised later
 
 

@@ -47,6 +47,21 @@ except KeyboardInterrupt:
     print("raised")
 print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
 """,
+    "inside database code, deferred until it returns": """
+import time
+scope = {"__name__": "sqlalchemy.engine.fake", "os": os, "signal": signal, "time": time}
+exec("def fetch():\\n    os.kill(os.getpid(), signal.SIGINT)\\n    time.sleep(0.3)\\n    return 'fetched'\\n", scope)
+guard = SigintGuard()
+try:
+    with guard.installed():
+        print(scope["fetch"]())
+        start = time.monotonic()
+        time.sleep(30)  # woken: the retry is a signal to the main thread
+        print("lost")
+except KeyboardInterrupt:
+    print("raised", time.monotonic() - start < 5)
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+""",
     "off the main thread, nothing installed": """
 seen = []
 def run():
@@ -61,6 +76,7 @@ print(seen)
 EXPECTED = {
     "swallowed by a finalizer, raised at the next check": ["raised", "True", "forgotten outside"],
     "elsewhere, raised at once": ["raised", "True"],
+    "inside database code, deferred until it returns": ["fetched", "raised True", "True"],
     "off the main thread, nothing installed": ["[True]"],
 }
 
