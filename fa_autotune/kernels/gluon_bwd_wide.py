@@ -27,38 +27,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .gluon_parts import tma_view
+from .gluon_parts import first_q_tile, group_heads, tma_view
 from .gluon_tma import async_reduce_add
 
-__all__ = ["DQ_COLS", "wide_consumer", "wide_producer", "wide_heads"]
+__all__ = ["DQ_COLS", "wide_consumer", "wide_producer"]
 
 DQ_COLS = gl.constexpr(64)  # dQ columns per bulk reduce (a 64 x 64 fp32 staging tile, 16 KB a consumer)
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def wide_heads(bhk, HKV, GROUP, GPP, SPLITS, ATOMIC_DKV: gl.constexpr):
-    """Batch, KV head and the group's query heads [g_lo, g_hi) of work item bhk (with
-    ATOMIC_DKV one part of SPLITS of a (batch, KV head))."""
-    if ATOMIC_DKV:
-        bh = bhk // SPLITS
-        g_lo = bhk % SPLITS * GPP
-        g_hi = gl.minimum(g_lo + GPP, GROUP)
-    else:
-        bh = bhk
-        g_lo = 0
-        g_hi = GROUP
-    return bh // HKV, bh % HKV, g_lo, g_hi
-
-
-@gluon.jit
-def _m_lo(start_n, causal_offset, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """The first query tile that sees any key from start_n (query i sees key j when
-    j <= i + causal_offset)."""
-    m_lo = 0
-    if IS_CAUSAL:
-        m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
-    return m_lo
 
 
 @gluon.jit
@@ -70,12 +45,12 @@ def wide_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_sm
     head of the group Q into the ring (slot c % STAGES, once both consumers released it) and
     dO into its one buffer (once both consumers' dV products have read the last one). A
     fresh mbarrier counts as phase 1 complete, so the first lap does not wait."""
-    b, hk, g_lo, g_hi = wide_heads(gl.program_id(1), HKV, GROUP, GPP, SPLITS, ATOMIC_DKV)
+    b, hk, g_lo, g_hi = group_heads(gl.program_id(1), HKV, GROUP, GPP, SPLITS, ATOMIC_DKV)
     start_n = gl.program_id(0) * BLOCK_N
     mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b, hk, start_n, 0], kv_ready, tma_view(k_smem.index(0), k_desc))
     tma.async_copy_global_to_shared(v_desc, [b, hk, start_n, 0], kv_ready, tma_view(v_smem.index(0), v_desc))
-    m_lo = _m_lo(start_n, causal_offset, BLOCK_M, IS_CAUSAL)
+    m_lo = first_q_tile(start_n, causal_offset, BLOCK_M, IS_CAUSAL)
     m_hi = gl.cdiv(N_Q, BLOCK_M)
     c = 0
     for g in range(g_lo, g_hi):
@@ -185,9 +160,9 @@ def wide_consumer(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, kv_
     HALF: gl.constexpr = HEAD_DIM_PAD // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HALF, 16])
-    b, hk, g_lo, g_hi = wide_heads(gl.program_id(1), HKV, GROUP, GPP, SPLITS, ATOMIC_DKV)
+    b, hk, g_lo, g_hi = group_heads(gl.program_id(1), HKV, GROUP, GPP, SPLITS, ATOMIC_DKV)
     k0 = gl.program_id(0) * BLOCK_N
-    m_lo = _m_lo(k0, causal_offset, BLOCK_M, IS_CAUSAL)
+    m_lo = first_q_tile(k0, causal_offset, BLOCK_M, IS_CAUSAL)
     m_hi = gl.cdiv(N_Q, BLOCK_M)
     m_full = m_lo  # query tiles from m_full on see every key of the block (no mask)
     if IS_CAUSAL:

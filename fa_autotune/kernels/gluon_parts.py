@@ -8,7 +8,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["post_value", "read_value", "tma_view"]
+__all__ = ["first_q_tile", "group_heads", "post_value", "read_value", "tma_view"]
 
 
 @gluon.jit
@@ -33,3 +33,28 @@ def read_value(slots, slot):
     the producer arrived on after posting it)."""
     one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     return gl.max(slots.index(slot).load(one), 0)
+
+
+@gluon.jit
+def group_heads(bhk, HKV, GROUP, GPP, SPLITS, ATOMIC_DKV: gl.constexpr):
+    """The backward's work item bhk: batch, KV head and the group's query heads [g_lo, g_hi)
+    (with ATOMIC_DKV one part of SPLITS of a (batch, KV head); else the whole group)."""
+    if ATOMIC_DKV:
+        bh = bhk // SPLITS
+        g_lo = bhk % SPLITS * GPP
+        g_hi = gl.minimum(g_lo + GPP, GROUP)
+    else:
+        bh = bhk
+        g_lo = 0
+        g_hi = GROUP
+    return bh // HKV, bh % HKV, g_lo, g_hi
+
+
+@gluon.jit
+def first_q_tile(start_n, causal_offset, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """The first query tile of BLOCK_M rows that sees any key from start_n (query i sees key
+    j when j <= i + causal_offset)."""
+    m_lo = 0
+    if IS_CAUSAL:
+        m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
+    return m_lo
