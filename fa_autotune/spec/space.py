@@ -262,8 +262,12 @@ class SearchSpace:
         """Every config of :meth:`grid` with the parameters :meth:`suggest` would choose for
         it (the active ones), so a sampler can tell which choices still lead to a config."""
         out: list[tuple[dict[str, Any], KernelConfig]] = []
-        for params, active in self._walk(problem, 0, {}, ()):
-            if self.violated(params, problem) is None:
+        checks = self._checks_by_depth()
+        early = {id(c) for depth in checks for c in depth}
+        rest = [c for c in self.constraints if id(c) not in early]
+        env = _problem_env(problem)
+        for params, active in self._walk(problem, 0, {}, (), checks):
+            if all(c.evaluate(dict(env, **params)) for c in rest):
                 try:
                     config = KernelConfig.from_mapping(params)
                 except ConfigError:
@@ -271,13 +275,25 @@ class SearchSpace:
                 out.append(({name: params[name] for name in active}, config))
         return out
 
-    def _walk(self, problem: Problem, index: int, params: dict[str, Any],
-              active: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+    def _checks_by_depth(self) -> list[tuple[Expression, ...]]:
+        """Per parameter index, the constraints whose parameters are all set once it is: the
+        walk drops a branch as soon as one of them fails instead of at every leaf under it
+        (the others, reading only the problem, are checked at the leaves)."""
+        order = {p.name: i for i, p in enumerate(self.parameters)}
+        depth: list[list[Expression]] = [[] for _ in self.parameters]
+        for constraint in self.constraints:
+            if constraint.parameters and constraint.parameters <= order.keys():
+                depth[max(order[name] for name in constraint.parameters)].append(constraint)
+        return [tuple(checks) for checks in depth]
+
+    def _walk(self, problem: Problem, index: int, params: dict[str, Any], active: tuple[str, ...],
+              checks: list[tuple[Expression, ...]]) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
         if index == len(self.parameters):
             yield dict(params), active
             return
         parameter = self.parameters[index]
-        if parameter.active(dict(_problem_env(problem), **params)):
+        env = dict(_problem_env(problem), **params)
+        if parameter.active(env):
             values = self.choices_for(parameter, problem)
             # a single choice is taken without asking the sampler (see suggest)
             chosen = active + (parameter.name,) if len(values) > 1 else active
@@ -285,7 +301,9 @@ class SearchSpace:
             values, chosen = (parameter.otherwise,), active
         for value in values:
             params[parameter.name] = value
-            yield from self._walk(problem, index + 1, params, chosen)
+            env[parameter.name] = value
+            if all(constraint.evaluate(env) for constraint in checks[index]):
+                yield from self._walk(problem, index + 1, params, chosen, checks)
         params.pop(parameter.name, None)
 
     @property

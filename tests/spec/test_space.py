@@ -259,3 +259,21 @@ def test_backward_space_and_presets():
             assert backward_default(problem, (9, 0), gluon) in grid, (problem.key, gluon)
     fp32 = Problem(1, 8, 8, 512, 512, 64, "float32", kind="bwd")
     assert {c.language for c in hopper.grid(fp32)} == {"triton"}
+
+
+@pytest.mark.parametrize("name, arch", [("fwd", "sm80"), ("bwd", "sm90"), ("decode", "sm90")])
+def test_grid_prunes_early_to_the_same_configs(name, arch):
+    """The walk drops a branch once a constraint on the parameters set so far fails; the grid
+    is the one that checks every constraint on every full combination, in the same order."""
+    from fa_autotune.spec.config import KernelConfig
+
+    space = load_space(name).for_arch(arch)
+    problem = Problem(2, 32, 8, 1 if name == "decode" else 1000, 1000, 64, "float16", causal=True, kind=name)
+    every = []
+    for params, active in space._walk(problem, 0, {}, (), [()] * len(space.parameters)):
+        if space.violated(params, problem) is None:
+            try:
+                every.append(({n: params[n] for n in active}, KernelConfig.from_mapping(params)))
+            except Exception:
+                continue
+    assert every and space.grid_rows(problem) == every
