@@ -180,9 +180,33 @@ def test_gluon_modules_hold_gluon_kernels_only(config):
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     assert all(any(ast.unparse(d) == "gluon.jit" for d in f.decorator_list) for f in functions)
     assert config.name in {f.name for f in functions}
-    assert f"OVERLAP = {config.overlap}" in rendered.source and f"PINGPONG = {config.pingpong}" in rendered.source
-    assert ("_turn_wait" in rendered.source) == config.pingpong
+    assert f"OVERLAP = gl.constexpr({config.overlap})" in rendered.source
+    assert f"PINGPONG = gl.constexpr({config.pingpong})" in rendered.source
     assert f"Q_BUFS = gl.constexpr({2 if config.persistent else 1})" in rendered.source
     assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
     assert {"CONFIG", "KERNELS"} <= assigned
     assert len({render.render(c).sha256 for c in GLUON_SAMPLE}) == len(GLUON_SAMPLE)
+
+
+@pytest.mark.parametrize("change, constants", [
+    ({"pingpong": True}, {"PINGPONG"}), ({"one_loop": True}, {"ONE_LOOP"}), ({"overlap": False}, {"OVERLAP"}),
+    ({"rescale_threshold": 8}, {"LAZY_RESCALE", "RESCALE_THRESHOLD"}),
+    ({"consumer_regs": 160}, {"P_FP32"}),
+], ids=lambda v: ",".join(v) if isinstance(v, dict) else "")
+def test_gluon_forward_branches_are_constexpr(change, constants):
+    """A Gluon forward knob that only picks a branch changes the rendered module in its
+    constants alone (gl.constexpr: the untaken branch is never compiled; the AOT tests
+    compile both), besides the name, the glossary and the setmaxnreg list."""
+    import difflib
+
+    base = KernelConfig(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64, BLOCK_N=128, num_stages=2,
+                        persistent=1)
+    variant = base.with_(**change)
+    one, two = (render.render(c).source.replace(c.name, "NAME") for c in (base, variant))
+    body = lambda text: text.split('\nfrom triton', 1)[1].splitlines()  # past the glossary
+    changed = [line[1:] for line in difflib.unified_diff(body(one), body(two), lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    names = {line.split(" = ")[0] for line in changed if " = gl.constexpr(" in line}
+    rest = [line for line in changed if " = gl.constexpr(" not in line and not line.startswith("CONFIG = ")
+            and not line.strip().startswith("[") ]
+    assert names == constants and not rest, changed
