@@ -95,9 +95,11 @@ def _environment():
 
 
 def render(config: KernelConfig) -> RenderedKernel:
-    """Render the module for ``config``; deterministic."""
+    """Render the module for ``config``'s kernel (:meth:`KernelConfig.kernel_config`: one
+    module for every FP8 recipe of a kernel); deterministic."""
     if not isinstance(config, KernelConfig):
         raise TypeError("render() takes a KernelConfig; build one with KernelConfig.from_mapping")
+    config = config.kernel_config()
     try:
         if config.language == "gluon":
             template = GLUON_TEMPLATES[config.loop_order]
@@ -194,14 +196,15 @@ _MODULES: dict[str, KernelModule] = {}
 
 def load_module(config: KernelConfig) -> KernelModule:
     """Import the module of ``config`` (rendering it on first use), once per process."""
-    module = _MODULES.get(config.key)
+    key = config.kernel_config().key
+    module = _MODULES.get(key)
     if module is not None:
         return module
     with _LOCK:
-        module = _MODULES.get(config.key)
+        module = _MODULES.get(key)
         if module is None:
             module = _import(render(config))
-            _MODULES[config.key] = module
+            _MODULES[key] = module
     return module
 
 

@@ -60,6 +60,9 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
+# The FP8 quantization recipe: chosen with the kernel (time and error are tuned together) but
+# read only by the quantizer and the plan, never by a template (KernelConfig.kernel_config).
+RECIPE_FIELDS = ("fp8_scaling", "fp8_hadamard")
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
                 "half_step")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
@@ -292,6 +295,13 @@ class KernelConfig:
 
     def with_(self, **changes: Any) -> "KernelConfig":
         return replace(self, **changes)
+
+    def kernel_config(self) -> "KernelConfig":
+        """The config with the FP8 quantization recipe (RECIPE_FIELDS) at its defaults: what
+        the generated kernel depends on. The recipe decides how attention_fp8 and the tuner
+        quantize the inputs and the scales' shapes the plan passes; no template reads it, so
+        every recipe of one kernel renders and compiles the same module."""
+        return replace(self, **{f: STRUCTURE_DEFAULTS[f] for f in RECIPE_FIELDS})
 
 
 _KEEP = object()
