@@ -72,3 +72,18 @@ def shared_once(tmp_path_factory, name: str, produce):
         partial.write_bytes(pickle.dumps(value))
         os.replace(partial, path)  # whole or absent, even if this worker dies mid-write
         return value
+
+
+def measurements(db_url):
+    """(config hash, status, phase, problem key) of every measurement, in insertion order (any
+    backend). A config may be measured once per problem: key duplicates on (problem, hash)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT c.hash, m.status, m.phase, p.key FROM fa_measurements m "
+                "JOIN fa_configs c ON c.id = m.config_id JOIN fa_problems p ON p.id = m.problem_id ORDER BY m.id"))]
+    finally:
+        engine.dispose()

@@ -1,7 +1,6 @@
 """The command line as a user runs it: separate processes, a temporary SQLite database."""
 from __future__ import annotations
 
-import collections
 import csv
 import io
 import json
@@ -15,6 +14,8 @@ import sys
 import time
 
 import pytest
+
+from helpers import measurements
 
 TINY = ["--batch", "1", "--heads", "2", "--seqlen", "40", "--head-dim", "16"]
 
@@ -37,21 +38,6 @@ def env(tmp_path, kernel_cache):
 @pytest.fixture
 def db_url(tmp_path):
     return f"sqlite:///{tmp_path / 'tune.sqlite'}"
-
-
-def measurements(db_url):
-    """(config hash, status, phase, problem key) of every measurement, in insertion order (any
-    backend). A config may be measured once per problem: key duplicates on (problem, hash)."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(
-                "SELECT c.hash, m.status, m.phase, p.key FROM fa_measurements m "
-                "JOIN fa_configs c ON c.id = m.config_id JOIN fa_problems p ON p.id = m.problem_id ORDER BY m.id"))]
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture
@@ -434,31 +420,6 @@ def test_two_tunes_at_once_one_killed_the_other_finishes(env, pg_url):
     assert after[:len(before)] == before  # nothing lost or rewritten
     pairs = [(r[3], r[0]) for r in after if r[2] == "search"]  # two problems: a config once per problem
     assert len(set(pairs)) >= 4 and len(pairs) - len(set(pairs)) <= 1
-
-
-def test_gpus_runs_one_worker_per_gpu_on_one_database(env, db_url, monkeypatch, capsys):
-    """`tune --gpus all` with two GPUs (faked here: the workers run in the interpreter): two
-    workers share the database, both finish, no config is measured twice."""
-    import torch
-
-    from fa_autotune import cli as cli_module
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    code = cli_module.main(["tune", "--gpus", "all", "--preset", "smoke", "--trials", "3", "--jobs", "2", "--seed", "4",
-                            "--db", db_url])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "with 2 worker(s) (GPUs 0, 1)" in out and "--- GPU 0 (exit 0) ---" in out and "--- GPU 1 (exit 0) ---" in out
-    pairs = [(r[3], r[0]) for r in measurements(db_url) if r[2] == "search"]  # smoke: two problems
-    assert len(set(pairs)) >= 3 and len(pairs) == len(set(pairs))
-    # one combined count for both workers, read from the database: every search trial counted once
-    done = re.search(r"Done: (\d+)/(\d+) configs settled by 2 workers, (\d+)/(\d+) problems searched", out)
-    assert done, out
-    assert int(done[2]) == 3 * int(done[4]) and done[3] == done[4]
-    per_problem = collections.Counter(problem for problem, _ in pairs)
-    assert int(done[1]) == sum(min(n, 3) for n in per_problem.values())
 
 
 @pytest.mark.parametrize("spec, message", [("all", "shows none"), ("0,0", "each GPU once"), ("x", "GPU ids")])

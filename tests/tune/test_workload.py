@@ -229,9 +229,13 @@ def test_recorded_tune_end_to_end_in_the_interpreter(tmp_path, env):
 
 def test_model_tune_on_several_gpus_shares_one_study_per_problem(tmp_path, env, monkeypatch, capsys):
     """`tune --gpus all --model`: a tiny made-up GQA model, forward and backward at one short
-    length; two workers (faked GPUs, the interpreter) tune both problems, each in its
-    family's space; the progress counts both."""
+    length; two workers (faked GPUs, the interpreter) share the database, tune both problems,
+    each in its family's space, both finish, no config is measured twice, and the progress
+    counts every search trial once."""
+    import collections
     import re
+
+    from helpers import measurements
 
     import torch
 
@@ -245,8 +249,13 @@ def test_model_tune_on_several_gpus_shares_one_study_per_problem(tmp_path, env, 
                             "--batch", "1", "--training", "--trials", "2", "--jobs", "2", "--seed", "1", "--db", db])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert "with 2 worker(s) (GPUs 0, 1)" in out and "--- GPU 0 (exit 0) ---" in out and "--- GPU 1 (exit 0) ---" in out
     done = re.search(r"Done: (\d+)/(\d+) configs settled by 2 workers, (\d+)/(\d+) problems searched", out)
     assert done and done[4] == "2" and done[3] == "2", out
+    pairs = [(r[3], r[0]) for r in measurements(db) if r[2] == "search"]
+    assert len(set(pairs)) >= 3 and len(pairs) == len(set(pairs))
+    assert int(done[2]) == 2 * int(done[4])  # read from the database: every search trial counted once
+    assert int(done[1]) == sum(min(n, 2) for n in collections.Counter(problem for problem, _ in pairs).values())
     key = "b1_hq2_hkv1_nq32_nk32_d16_float16_causal-top_left"
     assert f"{key}_bwd; best config: attn_bwd_" in out and f"{key}; best config: attn_fwd_" in out, out
 
