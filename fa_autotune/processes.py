@@ -67,9 +67,10 @@ class SigintGuard:
     def _handler(self, signum, frame) -> None:
         self._hit.set()
         if _inside(frame, DEFER_IN):
-            self._retry = threading.Timer(RETRY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
-            self._retry.daemon = True
-            self._retry.start()
+            if self._retry is None or not self._retry.is_alive():  # one retry in flight at most
+                self._retry = threading.Timer(RETRY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+                self._retry.daemon = True
+                self._retry.start()
             return
         raise KeyboardInterrupt
 

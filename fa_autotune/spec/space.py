@@ -262,12 +262,12 @@ class SearchSpace:
         """Every config of :meth:`grid` with the parameters :meth:`suggest` would choose for
         it (the active ones), so a sampler can tell which choices still lead to a config."""
         out: list[tuple[dict[str, Any], KernelConfig]] = []
-        checks = self._checks_by_depth()
-        early = {id(c) for depth in checks for c in depth}
-        rest = [c for c in self.constraints if id(c) not in early]
         env = _problem_env(problem)
-        for params, active in self._walk(problem, 0, {}, (), checks):
-            if all(c.evaluate(dict(env, **params)) for c in rest):
+        for params, active, proven in self._walk(problem, 0, {}, (), frozenset(), self._checks_by_depth()):
+            # the constraints in file order, as written: the first false one excludes the
+            # config, one that cannot be evaluated raises (those the walk found true skipped)
+            full = dict(env, **params)
+            if all(c.evaluate(full) for i, c in enumerate(self.constraints) if i not in proven):
                 try:
                     config = KernelConfig.from_mapping(params)
                 except ConfigError:
@@ -275,21 +275,27 @@ class SearchSpace:
                 out.append(({name: params[name] for name in active}, config))
         return out
 
-    def _checks_by_depth(self) -> list[tuple[Expression, ...]]:
-        """Per parameter index, the constraints whose parameters are all set once it is: the
-        walk drops a branch as soon as one of them fails instead of at every leaf under it
-        (the others, reading only the problem, are checked at the leaves)."""
+    def _checks_by_depth(self) -> list[tuple[tuple[int, Expression], ...]]:
+        """Per parameter index, the constraints (with their place in the file) whose
+        parameters are all set once it is: the walk evaluates them there, so that a branch
+        can be dropped once instead of at every leaf under it."""
         order = {p.name: i for i, p in enumerate(self.parameters)}
-        depth: list[list[Expression]] = [[] for _ in self.parameters]
-        for constraint in self.constraints:
+        depth: list[list[tuple[int, Expression]]] = [[] for _ in self.parameters]
+        for i, constraint in enumerate(self.constraints):
             if constraint.parameters and constraint.parameters <= order.keys():
-                depth[max(order[name] for name in constraint.parameters)].append(constraint)
+                depth[max(order[name] for name in constraint.parameters)].append((i, constraint))
         return [tuple(checks) for checks in depth]
 
     def _walk(self, problem: Problem, index: int, params: dict[str, Any], active: tuple[str, ...],
-              checks: list[tuple[Expression, ...]]) -> Iterator[tuple[dict[str, Any], tuple[str, ...]]]:
+              proven: frozenset[int], checks: list[tuple[tuple[int, Expression], ...]],
+              ) -> Iterator[tuple[dict[str, Any], tuple[str, ...], frozenset[int]]]:
+        """The combinations under ``params``, with the constraints found true on the way
+        (``proven``). A branch is dropped where a constraint is false and every constraint
+        before it in the file is proven true there: the leaves' check in file order would
+        exclude each config under it at that constraint, raising nothing. Any other outcome
+        (false after an unproven one, or an error) is left to the leaves."""
         if index == len(self.parameters):
-            yield dict(params), active
+            yield dict(params), active, proven
             return
         parameter = self.parameters[index]
         env = dict(_problem_env(problem), **params)
@@ -302,8 +308,19 @@ class SearchSpace:
         for value in values:
             params[parameter.name] = value
             env[parameter.name] = value
-            if all(constraint.evaluate(env) for constraint in checks[index]):
-                yield from self._walk(problem, index + 1, params, chosen, checks)
+            known, dropped = proven, False
+            for i, constraint in checks[index]:
+                try:
+                    holds = constraint.evaluate(env)
+                except SearchSpaceError:
+                    continue
+                if holds:
+                    known = known | {i}
+                elif all(j in known for j in range(i)):
+                    dropped = True
+                    break
+            if not dropped:
+                yield from self._walk(problem, index + 1, params, chosen, known, checks)
         params.pop(parameter.name, None)
 
     @property

@@ -270,10 +270,46 @@ def test_grid_prunes_early_to_the_same_configs(name, arch):
     space = load_space(name).for_arch(arch)
     problem = Problem(2, 32, 8, 1 if name == "decode" else 1000, 1000, 64, "float16", causal=True, kind=name)
     every = []
-    for params, active in space._walk(problem, 0, {}, (), [()] * len(space.parameters)):
+    for params, active, _ in space._walk(problem, 0, {}, (), frozenset(), [()] * len(space.parameters)):
         if space.violated(params, problem) is None:
             try:
                 every.append(({n: params[n] for n in active}, KernelConfig.from_mapping(params)))
             except Exception:
                 continue
     assert every and space.grid_rows(problem) == every
+
+
+GUARDED = BASE.replace("num_warps: [4]", "num_warps: [4, 8]").replace("num_stages: [2]", "num_stages: [2, 3]") \
+    .replace("BLOCK_M: [64]", "BLOCK_M: [32, 64]")
+
+
+def test_grid_keeps_constraints_in_file_order():
+    """A constraint listed first still guards the ones after it, though the walk checks each
+    as soon as its parameters are set (here the guard reads a later parameter than the
+    division it protects); one that cannot be evaluated where the file order reaches it
+    still raises, naming it."""
+    problem = Problem(1, 2, 2, 64, 64, 64, "float16")
+    guarded = parse_space(GUARDED + "  - num_warps != 4 or num_stages > 10\n"
+                          "  - BLOCK_M / (num_warps - 4) >= 4\n", "guarded.yaml")
+    assert {(c.BLOCK_M, c.num_warps) for c in guarded.grid(problem)} == {(32, 8), (64, 8)}
+    unguarded = parse_space(GUARDED + "  - BLOCK_M / (num_warps - 4) >= 4\n", "unguarded.yaml")
+    with pytest.raises(SearchSpaceError, match="cannot be evaluated"):
+        unguarded.grid(problem)
+
+
+def test_grid_drops_a_branch_once(monkeypatch):
+    """A constraint on the first parameters that fails drops its branch: it is evaluated
+    once per value there, not once per config under it."""
+    from fa_autotune.spec import space as space_module
+
+    space = parse_space(GUARDED.replace("BLOCK_N: [64]", "BLOCK_N: [32]") + "  - BLOCK_M > BLOCK_N\n", "drop.yaml")
+    problem = Problem(1, 2, 2, 64, 64, 64, "float16")
+    seen = []
+    evaluate = space_module.Expression.evaluate
+    monkeypatch.setattr(space_module.Expression, "evaluate",
+                        lambda self, env: seen.append((self.text, env.get("num_warps"))) or evaluate(self, env))
+    assert {c.BLOCK_M for c in space.grid(problem)} == {64} and len(space.grid(problem)) == 4
+    seen.clear()
+    space.grid(problem)
+    # once for BLOCK_M 32 (dropped) and once for 64, before num_warps is set; not per config
+    assert [w for text, w in seen if text == "BLOCK_M > BLOCK_N"] == [None, None]
