@@ -59,10 +59,10 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
-# Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 # The FP8 quantization recipe: chosen with the kernel (time and error are tuned together) but
 # read only by the quantizer and the plan, never by a template (KernelConfig.kernel_config).
 RECIPE_FIELDS = ("fp8_scaling", "fp8_hadamard")
+# Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
                 "half_step")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
