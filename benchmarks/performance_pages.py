@@ -33,10 +33,10 @@ SECTIONS = [
      "The llm-prefill problems' dQ, dK and dV with their forward, timed together "
      "(`--space bwd --with-forward`; TFLOPS count 3.5x the forward's FLOPs)."),
     ("bwd-fa4-anchors", "Backward against FlashAttention-4 and cuDNN (H100)",
-     "benchmarks/results/2026-12-05-h100-bwd-wide/bench.json",
+     "benchmarks/results/2026-12-06-h100-bwd-d192-trim/bench.json",
      "The backward preset's anchor rows on an H100 (no H200 could be had for this run): head dims 64-256, "
      "GQA 32:8 / 28:4 / 32:4, causal and not, fp16 and bf16 (`--space bwd --preset fa4-anchors`; TFLOPS count "
-     "2.5x the forward's FLOPs). D 192 and 256 run the Gluon backward's wide kernel (D 192 padded to 256)."),
+     "2.5x the forward's FLOPs). D 192 and 256 run the Gluon backward's wide kernel (at D 192 only the real columns multiplied)."),
     ("decode", "KV-cache decode",
      "benchmarks/results/2026-12-03-h200-decode-wide2/bench-serving-contiguous.json",
      "One new token against a contiguous KV cache, 32/8 heads, D 128 (`--space decode --preset serving`)."),

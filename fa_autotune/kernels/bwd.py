@@ -9,6 +9,7 @@ import triton
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
 from .checks import check_gluon_backward, tma_layout_ok
+from .fwd import d_rest
 from .gluon_bwd_wide import DQ_COLS
 from .launch import LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter, l2_section
 from .render import load_module
@@ -90,10 +91,11 @@ class BackwardPlan:
             per_program = triton.cdiv(group, min(config.group_split, group))
             splits = triton.cdiv(group, per_program)
             scalars.update(GPP=per_program, SPLITS=splits, BHK=batch * heads_kv * splits)
-            flags = dict(flags, ATOMIC_DKV=splits > 1)
+            wide = flags["HEAD_DIM_PAD"] > 128
+            # past D=128 the wide kernel skips a padded head dim's zero columns (D_REST)
+            flags = dict(flags, ATOMIC_DKV=splits > 1, D_REST=d_rest(head_dim, flags["HEAD_DIM_PAD"]) if wide else 0)
             if splits > 1:
                 self.dkv_shape = (batch, heads_kv, n_k, flags["HEAD_DIM_PAD"])
-            wide = flags["HEAD_DIM_PAD"] > 128
             if wide and (error := wide_backward_error(config)) is not None:
                 raise error
             grid = (triton.cdiv(n_k, config.BLOCK_N * (1 if wide else config.consumers)), batch * heads_kv * splits)

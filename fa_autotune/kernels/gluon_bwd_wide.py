@@ -18,6 +18,12 @@ Shared memory at D=256, 16-bit inputs: K and V 64 KB, a Q ring of two 64 x 256 t
 64 KB, dO one tile 32 KB (FlashAttention-3 keeps one too: it is released after the dV
 product, early in a step, so the next one lands while dK and dQ run), P and dS 16 KB, dQ
 staging 32 KB: 208 KB of the 227 KB.
+
+Past a padded head dim (D_REST > 0, kernels.fwd.d_rest: D=192 pads to 256 with D_REST 64)
+the zero columns are not multiplied: S and dP reduce over HEAD_DIM_PAD / 2 + D_REST columns
+(two products each), and the second consumer's dV, dK and dQ cover its D_REST real columns
+(when D_REST is at least a dQ chunk) instead of HEAD_DIM_PAD / 2; its dK and dV leave through
+the same half-width TMA boxes, whose columns past D are clipped.
 """
 from __future__ import annotations
 
@@ -69,15 +75,39 @@ def wide_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_sm
 
 
 @gluon.jit
+def _reduce_d(a, b, zero, D_REST: gl.constexpr):
+    """a @ b^T over the head dim (a: rows x HEAD_DIM_PAD, b: keys x HEAD_DIM_PAD in shared
+    memory), issued async: past a padded head dim two products over the first half and the
+    next D_REST columns, so that the zero columns are not multiplied."""
+    if D_REST == 0:
+        tok = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+    else:
+        HALF: gl.constexpr = a.shape[1] // 2
+        tok = warpgroup_mma(a.slice(0, HALF, dim=1), b.slice(0, HALF, dim=1).permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        tok = warpgroup_mma(a.slice(HALF, D_REST, dim=1), b.slice(HALF, D_REST, dim=1).permute((1, 0)), tok,
+                            is_async=True)
+    return tok
+
+
+@gluon.constexpr_function
+def _own_cols(wg: int, head_dim_pad: int, d_rest: int) -> int:
+    """The head-dim columns consumer wg accumulates dK, dV and dQ over: its half, or for the
+    second consumer past a padded head dim its d_rest real ones (when a whole dQ chunk)."""
+    return d_rest if wg == 1 and d_rest >= DQ_COLS.value else head_dim_pad // 2
+
+
+@gluon.jit
 def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_ready, q_empty, do_ready, do_empty,
                p_full, ds_full, pds_free, dq_desc, dk, dv, Lse, Delta, b, h, row0, c, q0, k0, N_Q, N_K,
                causal_offset, qk_scale, sm_scale, WG: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HEAD_DIM_PAD: gl.constexpr,
-               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr):
+               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, D_REST: gl.constexpr):
     """One query tile q0 (step c) for consumer WG: its key-column half of S, dP, P and dS,
     then its head-dim half of dV, dK and dQ over the whole key block."""
     KEYS: gl.constexpr = BLOCK_N // 2
     HALF: gl.constexpr = HEAD_DIM_PAD // 2
+    COLS: gl.constexpr = _own_cols(WG, HEAD_DIM_PAD, D_REST)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -93,12 +123,11 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
     s = c % STAGES
     mbarrier.wait(q_ready.index(s), (c // STAGES) & 1)
     q = q_bufs.index(s)
-    s_tok = warpgroup_mma(q, k.slice(WG * KEYS, KEYS, dim=0).permute((1, 0)),
-                          gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), use_acc=False, is_async=True)
+    s_tok = _reduce_d(q, k.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), D_REST)
     mbarrier.wait(do_ready, c & 1)
     do = do_smem.index(z)
-    dp_tok = warpgroup_mma(do, v.slice(WG * KEYS, KEYS, dim=0).permute((1, 0)),
-                           gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), use_acc=False, is_async=True)
+    dp_tok = _reduce_d(do, v.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout),
+                       D_REST)
     rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse = gl.load(Lse + row0 + rows, mask=rows < N_Q, other=float("inf"))
     lse2 = gl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # rows that saw no key: P = 0
@@ -123,18 +152,18 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
     fence_async_shared()
     mbarrier.arrive(ds_full)
     mbarrier.wait(p_full, c & 1)  # the other consumer's half of P is there too
-    dv_tok = warpgroup_mma(p_buf.permute((1, 0)), do.slice(WG * HALF, HALF, dim=1), dv, is_async=True)
+    dv_tok = warpgroup_mma(p_buf.permute((1, 0)), do.slice(WG * HALF, COLS, dim=1), dv, is_async=True)
     mbarrier.wait(ds_full, c & 1)
-    dk_tok = warpgroup_mma(ds_buf.permute((1, 0)), q.slice(WG * HALF, HALF, dim=1), dk, is_async=True)
+    dk_tok = warpgroup_mma(ds_buf.permute((1, 0)), q.slice(WG * HALF, COLS, dim=1), dk, is_async=True)
     dq_tok = warpgroup_mma(ds_buf, k.slice(WG * HALF, DQ_COLS, dim=1),
                            gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout), use_acc=False, is_async=True)
     dv = warpgroup_mma_wait(num_outstanding=2, deps=(dv_tok, ))
     mbarrier.arrive(do_empty)  # dO read by this consumer's dP and dV products
     dk = warpgroup_mma_wait(num_outstanding=1, deps=(dk_tok, ))
     mbarrier.arrive(q_empty.index(s))  # Q read by its S and dK products
-    for j in gl.static_range(HALF // DQ_COLS):
+    for j in gl.static_range(COLS // DQ_COLS):
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
-        if j + 1 < HALF // DQ_COLS:  # the next chunk's product runs while this one is added
+        if j + 1 < COLS // DQ_COLS:  # the next chunk's product runs while this one is added
             dq_tok = warpgroup_mma(ds_buf, k.slice(WG * HALF + (j + 1) * DQ_COLS, DQ_COLS, dim=1),
                                    gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout), use_acc=False,
                                    is_async=True)
@@ -152,14 +181,15 @@ def wide_consumer(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, kv_
                   do_empty, p_full, ds_full, pds_free, Lse, Delta, dk_desc, dv_desc, dq_desc, DKAcc, DVAcc, HKV,
                   GROUP, GPP, SPLITS, N_Q, N_K, causal_offset, qk_scale, sm_scale, WG: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HEAD_DIM_PAD: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, ATOMIC_DKV: gl.constexpr, SPLIT: gl.constexpr):
+                  IS_CAUSAL: gl.constexpr, ATOMIC_DKV: gl.constexpr, SPLIT: gl.constexpr, D_REST: gl.constexpr):
     """Consumer WG: its head-dim half of dK and dV for this program's key block, over every
     query tile of the group's heads (the steps whose rows do not all see every key masked,
     every step with causal_mode "masked" (SPLIT false) or on a ragged last block); then dK * sm_scale and dV stored through TMA (rows
     past N_K and padded columns clipped), or with ATOMIC_DKV added into fp32 buffers."""
     HALF: gl.constexpr = HEAD_DIM_PAD // 2
+    COLS: gl.constexpr = _own_cols(WG, HEAD_DIM_PAD, D_REST)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HALF, 16])
+                                                         instr_shape=[16, COLS, 16])
     b, hk, g_lo, g_hi = group_heads(gl.program_id(1), HKV, GROUP, GPP, SPLITS, ATOMIC_DKV)
     k0 = gl.program_id(0) * BLOCK_N
     m_lo = first_q_tile(k0, causal_offset, BLOCK_M, IS_CAUSAL)
@@ -172,8 +202,8 @@ def wide_consumer(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, kv_
             m_full = m_hi
     if k0 + BLOCK_N > N_K:
         m_full = m_hi
-    dk = gl.zeros([BLOCK_N, HALF], gl.float32, layout=acc_layout)
-    dv = gl.zeros([BLOCK_N, HALF], gl.float32, layout=acc_layout)
+    dk = gl.zeros([BLOCK_N, COLS], gl.float32, layout=acc_layout)
+    dv = gl.zeros([BLOCK_N, COLS], gl.float32, layout=acc_layout)
     mbarrier.wait(kv_ready, 0)
     c = gl.to_tensor(0)
     for g in range(g_lo, g_hi):
@@ -183,31 +213,32 @@ def wide_consumer(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, kv_
             dk, dv = _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_ready, q_empty, do_ready,
                                 do_empty, p_full, ds_full, pds_free, dq_desc, dk, dv, Lse, Delta, b, h, row0, c,
                                 i * BLOCK_M, k0, N_Q, N_K, causal_offset, qk_scale, sm_scale, WG, BLOCK_M, BLOCK_N,
-                                STAGES, HEAD_DIM_PAD, IS_CAUSAL, MASKED=True)
+                                STAGES, HEAD_DIM_PAD, IS_CAUSAL, MASKED=True, D_REST=D_REST)
             c += 1
         for i in range(m_full, m_hi):
             dk, dv = _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_ready, q_empty, do_ready,
                                 do_empty, p_full, ds_full, pds_free, dq_desc, dk, dv, Lse, Delta, b, h, row0, c,
                                 i * BLOCK_M, k0, N_Q, N_K, causal_offset, qk_scale, sm_scale, WG, BLOCK_M, BLOCK_N,
-                                STAGES, HEAD_DIM_PAD, IS_CAUSAL, MASKED=False)
+                                STAGES, HEAD_DIM_PAD, IS_CAUSAL, MASKED=False, D_REST=D_REST)
             c += 1
     tma.store_wait(0)  # the last dQ reduce has read the staging buffer
     if ATOMIC_DKV:  # a part of the group: added into the fp32 buffers (rows past N_K masked)
         rows = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-        cols = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, acc_layout))
+        cols = WG * HALF + gl.arange(0, COLS, layout=gl.SliceLayout(0, acc_layout))
         offs = gl.expand_dims(((b * HKV + hk).to(gl.int64) * N_K + rows) * HEAD_DIM_PAD, 1) + gl.expand_dims(cols, 0)
         inside = gl.expand_dims(rows < N_K, 1) & gl.expand_dims(cols >= 0, 0)
         gl.atomic_add(DKAcc + offs, dk * sm_scale, mask=inside, sem="relaxed")
         gl.atomic_add(DVAcc + offs, dv, mask=inside, sem="relaxed")
-    else:  # through this consumer's dQ staging buffer (16 KB: a BLOCK_N x D/2 16-bit tile)
+    else:  # through this consumer's dQ staging buffer (16 KB: a BLOCK_N x D/2 16-bit tile; with
+        # COLS < D/2 its other columns lie past D, where the TMA store clips them)
         dtype: gl.constexpr = k_smem.dtype
         out_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype)
         buf = dq_smem.index(WG)._reinterpret(dtype, [BLOCK_N, HALF], out_layout)
-        buf.store((dk * sm_scale).to(dtype))
+        buf.slice(0, COLS, dim=1).store((dk * sm_scale).to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(dk_desc, [b, hk, k0, WG * HALF], tma_view(buf, dk_desc))
         tma.store_wait(0)
-        buf.store(dv.to(dtype))
+        buf.slice(0, COLS, dim=1).store(dv.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(dv_desc, [b, hk, k0, WG * HALF], tma_view(buf, dv_desc))
         tma.store_wait(0)

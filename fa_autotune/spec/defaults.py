@@ -173,9 +173,10 @@ GLUON_BACKWARD_TWO_PASS = KernelConfig(loop_order="backward", language="gluon", 
                                        BLOCK_N=64, num_warps=4, num_stages=2, dq_block_m=128, dq_block_n=64,
                                        dq_warps=8, dq_stages=3)
 """The Gluon dK/dV pass beside the Triton dQ pass: deterministic=True's Hopper backward."""
-# Past D=128 (192 runs padded to 256): FlashAttention-3's hdim-256 split, both consumers on one
-# 64-key block, S and dP split by key columns, dK and dV by head-dim halves, dQ in 64-column
-# chunks; a Q ring of 2 and one dO tile fit in 208 KB (kernels/gluon_bwd_wide.py).
+# Past D=128 (192 padded to 256, its zero columns not multiplied): FlashAttention-3's hdim-256
+# split, both consumers on one 64-key block, S and dP split by key columns, dK and dV by
+# head-dim halves, dQ in 64-column chunks; a Q ring of 2 and one dO tile fit in 208 KB
+# (kernels/gluon_bwd_wide.py).
 GLUON_WIDE_BACKWARD = GLUON_BACKWARD.with_(num_stages=2)
 
 

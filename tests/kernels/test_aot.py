@@ -496,6 +496,22 @@ def test_wide_gluon_backward_compiles_for_hopper(head_dim, group_split):
     assert dkdv.stack_bytes == 0 and dkdv.step_loop_local_memory == 0
 
 
+def test_wide_gluon_backward_multiplies_only_the_real_head_dim_columns():
+    """At D=192 (padded to 256, kernels.fwd.d_rest 64) the wide backward's S and dP reduce
+    over 128 + 64 columns and the second consumer's dV, dK and dQ products cover its 64 real
+    columns: the tensor-core work (the N widths of every HGMMA, summed over the SASS) is
+    192/256 of the same kernel's at D=256, with nothing spilled."""
+    from fa_autotune.spec.defaults import GLUON_WIDE_BACKWARD
+
+    trimmed, padded = (compile_many([GLUON_WIDE_BACKWARD], Problem(2, 16, 16, 2048, 2048, d, "bfloat16", causal=True,
+                                                                    kind="bwd"), jobs=1, sass=True)[0]
+                       for d in (192, 256))
+    kernels = [[k for k in r.kernels if k.kernel.endswith("_dkdv_wide")][0] for r in (trimmed, padded)]
+    work = [sum(int(n) for n in re.findall(r"HGMMA\.64x(\d+)x16", k.sass)) for k in kernels]
+    assert work[0] * 256 == work[1] * 192, work
+    assert kernels[0].stack_bytes == 0 and kernels[0].step_loop_local_memory == 0
+
+
 SINK_AOT = '''
 import json, torch, triton
 from triton.backends.compiler import GPUTarget

@@ -342,6 +342,7 @@ WIDE_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv): past D
     (700, 300, 160, True, "bottom_right", 4, 4),  # rows that see no key
     (640, 640, 256, False, "top_left", 8, 1),
     (257, 389, 192, False, "top_left", 14, 2),  # a group of 7
+    (333, 420, 176, True, "bottom_right", 6, 3),  # the second consumer's 64 columns past D (D_REST 64)
 ]
 
 
