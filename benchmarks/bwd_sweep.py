@@ -2,7 +2,7 @@
 float32 first (flash-attn's rule: at most twice PyTorch's same-precision error), then
 interleaved timing rounds with SDPA's cuDNN backward beside them.
 
-    python3 benchmarks/bwd_sweep.py --out DIR [--set group_split|sdp_swap] [--rounds 3] [--rep-ms 100] [--small]
+    python3 benchmarks/bwd_sweep.py --out DIR [--set group_split] [--rounds 3] [--rep-ms 100] [--small]
 
 Writes DIR/bwd_sweep.json and DIR/bwd_sweep.md (TFLOPS, ratio to cuDNN and to the set's
 first variant per problem). ``--small`` runs tiny shapes with the Triton backward (on a CPU:
@@ -30,24 +30,12 @@ from fa_autotune.tune.reference import reference_attention
 # issue 41's GQA rows (search_spaces/bwd.yaml, preset fa4-anchors): (B, Hq, Hkv, N, D, causal, dtype)
 GQA_ROWS = [(1, 28, 4, 3000, 128, True, "bfloat16"), (2, 32, 4, 4096, 128, True, "float16"),
             (2, 32, 8, 8192, 128, True, "bfloat16"), (4, 32, 8, 4096, 128, False, "bfloat16")]
-# issue 41's rows at head dims 64-128 without GQA, and one GQA row
-DENSE_ROWS = [(4, 16, 16, 4096, 128, True, "bfloat16"), (16, 16, 16, 1024, 128, False, "float16"),
-              (4, 16, 16, 4096, 64, False, "float16"), (2, 16, 16, 4096, 96, False, "bfloat16"),
-              (4, 32, 8, 4096, 128, False, "bfloat16")]
 VARIANT_SETS = {
     # the GQA group over several programs adding dK/dV with fp32 atomics (group_split)
     "group_split": {f"split {n}": GLUON_BACKWARD.with_(group_split=n) for n in (1, 2, 4, 8)}
     | {"split 1 pers dyn": GLUON_BACKWARD.with_(persistent=1, dynamic=True),
        "split 4 pers dyn": GLUON_BACKWARD.with_(group_split=4, persistent=1, dynamic=True)},
-    # S^T and dP^T with key rows, P^T and dS^T from registers for dV and dK (sdp_swap), against
-    # S and dP with query rows through shared memory; on a grid per tile and a persistent one
-    "sdp_swap": {"m64 s3": GLUON_BACKWARD, "m64 s3 swap": GLUON_BACKWARD.with_(sdp_swap=True),
-                 "m64 s2 swap": GLUON_BACKWARD.with_(sdp_swap=True, num_stages=2),
-                 "m64 s3 pers dyn": GLUON_BACKWARD.with_(persistent=1, dynamic=True),
-                 "m64 s3 pers dyn swap": GLUON_BACKWARD.with_(persistent=1, dynamic=True, sdp_swap=True),
-                 "m128 s2": GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)},
 }
-SET_ROWS = {"group_split": GQA_ROWS, "sdp_swap": DENSE_ROWS}
 SMALL_VARIANTS = {"triton 16x16": KernelConfig(loop_order="backward", BLOCK_M=16, BLOCK_N=16, num_warps=4,
                                                num_stages=1)}
 
@@ -145,7 +133,7 @@ def main() -> None:
         rows = [(1, 4, 2, 64, 32, True, "float16")]
         variants = SMALL_VARIANTS
     else:
-        rows, variants = SET_ROWS[args.set], VARIANT_SETS[args.set]
+        rows, variants = GQA_ROWS, VARIANT_SETS[args.set]
     problems = [Problem(b, hq, hkv, n, n, d, dtype, causal=causal, kind="bwd") for b, hq, hkv, n, d, causal, dtype in rows]
     result = {"set": args.set, "command": "python3 benchmarks/bwd_sweep.py " + " ".join(sys.argv[1:]),
               "environment": environment() if device == "cuda" else {}, "variants": {n: c.to_dict() for n, c in variants.items()},

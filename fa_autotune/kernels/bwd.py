@@ -35,7 +35,7 @@ def wide_backward_error(config: KernelConfig) -> ConfigError | None:
     kernels.gluon_bwd_wide's kernel: dQ added up inside it, two consumers sharing a 64-key
     block, 64 query rows a step, a Q ring of at most 2 (208 KB of shared memory at D=256), a
     program per key block."""
-    wanted = {"dq_atomic": True, "consumers": 2, "BLOCK_M": 64, "persistent": 0, "sdp_swap": False}
+    wanted = {"dq_atomic": True, "consumers": 2, "BLOCK_M": 64, "persistent": 0}
     for name, value in wanted.items():
         if getattr(config, name) != value:
             return ConfigError(name, f"past head dim 128 the Gluon backward runs with {name}={value!r} "

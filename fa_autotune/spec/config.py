@@ -53,7 +53,7 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
                       "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
                       "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
                       "exp2_emu": 0, "half_step": False,
-                      "dq_atomic": False, "group_split": 1, "sdp_swap": False,
+                      "dq_atomic": False, "group_split": 1,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
@@ -64,7 +64,7 @@ DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_
 RECIPE_FIELDS = ("fp8_scaling", "fp8_hadamard")
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
-                "half_step", "sdp_swap")
+                "half_step")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
 GLUON_EXP2_EMU = (0, 4, 8, 16)
 GROUP_SPLITS = (1, 2, 4, 8)
@@ -138,11 +138,6 @@ class KernelConfig:
     # (FlashAttention-3's GQA backward at group_split = group), so that a few KV heads still
     # fill the SMs; 1 keeps the whole group in one program, summed in registers.
     group_split: int = 1
-    # Gluon backward with dQ inside (dq_atomic, 64 query rows, D <= 128): S^T = K Q^T and
-    # dP^T = V dO^T with key rows, P^T and dS^T kept in registers as the A operands of dV and
-    # dK, dS^T stored once for dQ (FlashAttention-4's SdP_swapAB), instead of S and dP with
-    # query rows and P and dS both through shared memory.
-    sdp_swap: bool = False
     # Backward, dQ in its own pass: that pass's BLOCK_M (query rows per program), BLOCK_N (K/V
     # rows per step), num_warps and num_stages; 0 keeps the dK/dV pass's value.
     dq_block_m: int = 0
@@ -275,7 +270,7 @@ class KernelConfig:
                     f"r{self.consumer_regs}_" + ("cband" if self.causal_mode == "split" else "cmask")
                     + ("_dqatomic" if self.dq_atomic else dq) + (f"_pers{self.persistent}" if self.persistent else "")
                     + ("_dyn" if self.dynamic else "") + (f"_sec{self.section}" if self.section else "")
-                    + (f"_gs{self.group_split}" if self.group_split != 1 else "") + ("_swap" if self.sdp_swap else ""))
+                    + (f"_gs{self.group_split}" if self.group_split != 1 else ""))
         parts = [f"attn_fwd_gluon_m{self.BLOCK_M}x{self.consumers}n{self.BLOCK_N}", f"s{self.num_stages}",
                  f"r{self.consumer_regs}", "cband" if self.causal_mode == "split" else "cmask"]
         if self.overlap:
@@ -394,9 +389,6 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
     _check_int("group_split", cfg.group_split, GROUP_SPLITS)
-    if cfg.sdp_swap and not (cfg.dq_atomic and cfg.BLOCK_M == 64):
-        raise ConfigError("sdp_swap", "S^T with key rows is a step of the pass with dQ inside over 64 query rows: it "
-                          "needs dq_atomic=true and BLOCK_M=64")
     for name in ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
@@ -448,7 +440,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
     _check_int("exp2_emu", cfg.exp2_emu, GLUON_EXP2_EMU, lo=0)
     _check_int("section", cfg.section, lo=0, hi=MAX_SECTION)
-    for name in ("overlap", "pingpong", "one_loop", "dynamic", "half_step", "sdp_swap"):
+    for name in ("overlap", "pingpong", "one_loop", "dynamic", "half_step"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
     if cfg.language == "triton":
@@ -459,8 +451,6 @@ def _validate_language(cfg: KernelConfig) -> None:
     if cfg.loop_order not in ("q_outer", "backward"):
         raise ConfigError("loop_order", "language='gluon' has a Q-outer forward and a backward; use 'q_outer' or "
                           "'backward'")
-    if cfg.sdp_swap and cfg.loop_order != "backward":
-        raise ConfigError("sdp_swap", "only the Gluon backward has it; use false")
     required = {"access": "tensor_desc", "num_warps": 4, "warp_specialize": False,
                 "q_tiles": 1, "exp2_poly": False, "tile_order": "seq", "maxnreg": 0}
     for name, value in required.items():

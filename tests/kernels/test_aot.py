@@ -436,12 +436,8 @@ GLUON_BWD = dict(loop_order="backward", language="gluon", access="tensor_desc", 
     (GLUON_BACKWARD.with_(persistent=1, dynamic=True), 128),
     (GLUON_BACKWARD.with_(group_split=4), 128),
     (GLUON_BACKWARD.with_(group_split=2, persistent=1, dynamic=True), 128),
-    (GLUON_BACKWARD.with_(sdp_swap=True), 128),
-    (GLUON_BACKWARD.with_(sdp_swap=True, persistent=1, dynamic=True), 64),
-    (GLUON_BACKWARD.with_(sdp_swap=True, group_split=4), 96),
 ], ids=["dq-pass", "dq-atomic", "dq-atomic-128rows-d64",
-        "dq-atomic-persistent-dynamic", "dq-atomic-group-split4", "dq-atomic-group-split2-persistent-dynamic",
-        "swap", "swap-persistent-dynamic-d64", "swap-group-split4-d96"])
+        "dq-atomic-persistent-dynamic", "dq-atomic-group-split4", "dq-atomic-group-split2-persistent-dynamic"])
 def test_gluon_backward_compiles_for_hopper(config, head_dim):
     """The Gluon dK/dV pass compiles for sm_90 into FlashAttention-3's parts (a producer that
     gives registers to two consumers, TMA loads of K, V, Q and dO, mbarrier waits, async
@@ -472,9 +468,9 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
         assert counts["cp.async.bulk.tensor.4d.global.shared"] == 0
         assert counts["atom.global"] >= 2 * 64 + int(config.dynamic)
     assert 0 < dkdv.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
-    if config.dq_atomic:  # a few words of the GQA and tile loops' state at most (sdp_swap: a dozen more
-        spills = dkdv.stack_bytes, dkdv.step_loop_local_memory  # scalar reloads a step, no accumulator)
-        assert spills[0] <= 96 and spills[1] <= (24 if config.sdp_swap else 12), spills
+    if config.dq_atomic:  # a few words of the GQA and tile loops' state at most
+        spills = dkdv.stack_bytes, dkdv.step_loop_local_memory
+        assert spills[0] <= 96 and spills[1] <= 12, spills
 
 
 @pytest.mark.parametrize("head_dim, group_split", [(256, 1), (192, 2)], ids=["d256", "d192-group-split2"])

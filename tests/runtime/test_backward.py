@@ -296,14 +296,10 @@ def _plan_gradients(config: KernelConfig, case: tuple, dtype: torch.dtype):
                                      dict(DQ_ATOMIC), dict(DQ_ATOMIC, causal_mode="masked", consumers=1),
                                      dict(persistent=1), dict(DQ_ATOMIC, persistent=1, dynamic=True),
                                      dict(DQ_ATOMIC, group_split=2), dict(group_split=4, causal_mode="masked"),
-                                     dict(DQ_ATOMIC, group_split=8, persistent=1, dynamic=True),
-                                     dict(DQ_ATOMIC, sdp_swap=True), dict(DQ_ATOMIC, sdp_swap=True, causal_mode="masked",
-                                                                           consumers=1),
-                                     dict(DQ_ATOMIC, sdp_swap=True, group_split=2, persistent=1, dynamic=True)],
+                                     dict(DQ_ATOMIC, group_split=8, persistent=1, dynamic=True)],
                          ids=["s2", "s3", "masked", "one-consumer", "dq-atomic", "dq-atomic-masked-one-consumer",
                               "persistent", "dq-atomic-persistent-dynamic", "dq-atomic-group-split2",
-                              "group-split4-masked", "dq-atomic-group-split8-persistent-dynamic", "swap",
-                              "swap-masked-one-consumer", "swap-group-split2-persistent-dynamic"])
+                              "group-split4-masked", "dq-atomic-group-split8-persistent-dynamic"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c[2] <= 128],
                          ids=lambda c: f"nq{c[0]}-nk{c[1]}-d{c[2]}-{'causal-' + c[4] if c[3] else 'full'}")
 def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
@@ -319,9 +315,8 @@ def test_gpu_gluon_backward_within_twice_pytorch_error(case, changes, dtype):
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Gluon dK/dV pass needs a Hopper GPU")
 @pytest.mark.parametrize("changes", [dict(DQ_ATOMIC), {}, dict(DQ_ATOMIC, persistent=1, dynamic=True),
-                                     dict(DQ_ATOMIC, group_split=4), dict(DQ_ATOMIC, sdp_swap=True)],
-                         ids=["dq-atomic", "dq-pass", "dq-atomic-persistent-dynamic", "dq-atomic-group-split4",
-                              "swap"])
+                                     dict(DQ_ATOMIC, group_split=4)],
+                         ids=["dq-atomic", "dq-pass", "dq-atomic-persistent-dynamic", "dq-atomic-group-split4"])
 def test_gpu_gluon_backward_stages_gradients_tma_cannot_store(changes):
     """dK and dV given as views TMA cannot store into (rows 136 bytes apart) go through
     buffers of the plan's own, copied in: right, and the columns beside them untouched."""
@@ -380,7 +375,7 @@ def test_wide_gluon_backward_refuses_what_it_cannot_run():
     """Ahead of any GPU (meta tensors): past head dim 128 the Gluon backward runs the wide
     kernel (a program per 64-key block) and refuses, naming the parameter, what that kernel
     cannot be (dQ in its own pass, one consumer, 128-row steps, a persistent grid, a Q ring
-    of 3, S^T with key rows); the backward the API picks there never is one of those (deterministic=True: Triton)."""
+    of 3); the backward the API picks there never is one of those (deterministic=True: Triton)."""
     from fa_autotune.errors import ConfigError
     from fa_autotune.spec.defaults import GLUON_BACKWARD_TWO_PASS, GLUON_WIDE_BACKWARD
 
@@ -390,8 +385,7 @@ def test_wide_gluon_backward_refuses_what_it_cannot_run():
     for bad, name in ((GLUON_BACKWARD_TWO_PASS, "dq_atomic"), (GLUON_WIDE_BACKWARD.with_(consumers=1), "consumers"),
                       (GLUON_WIDE_BACKWARD.with_(BLOCK_M=128), "BLOCK_M"),
                       (GLUON_WIDE_BACKWARD.with_(persistent=1, dynamic=True), "persistent"),
-                      (GLUON_WIDE_BACKWARD.with_(num_stages=3), "num_stages"),
-                      (GLUON_WIDE_BACKWARD.with_(sdp_swap=True), "sdp_swap")):
+                      (GLUON_WIDE_BACKWARD.with_(num_stages=3), "num_stages")):
         with pytest.raises(ConfigError) as error:
             BackwardPlan(bad, q, k, v, q, q, q, k, v, 0.125, 0, True)
         assert error.value.parameter == name and "past head dim 128" in str(error.value)

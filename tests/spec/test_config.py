@@ -89,7 +89,6 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(section=4), "section"),  # sections order a persistent grid's tiles
     (dict(persistent=1, section=-1), "section"),
     (dict(persistent=1, section=True), "section"),
-    (dict(sdp_swap=True), "sdp_swap"),  # a backward step's orientation
 ])
 def test_gluon_configs_are_validated(changes, field):
     with pytest.raises(ConfigError) as info:
@@ -99,7 +98,7 @@ def test_gluon_configs_are_validated(changes, field):
 
 def test_triton_configs_refuse_gluon_knobs():
     for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232),
-                        ("one_loop", True), ("exp2_emu", 8), ("section", 4), ("sdp_swap", True)):
+                        ("one_loop", True), ("exp2_emu", 8), ("section", 4)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})
 
@@ -147,12 +146,7 @@ def test_gluon_backward_configs():
     assert KernelConfig(**base, dq_atomic=True).name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic"
     persistent = KernelConfig(**base, dq_atomic=True, persistent=1, dynamic=True, section=16)
     assert persistent.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic_pers1_dyn_sec16"
-    swap = KernelConfig(**base, dq_atomic=True, sdp_swap=True)
-    assert swap.name == "attn_bwd_gluon_m64n64x2_s3_r240_cband_dqatomic_swap" and '"sdp_swap":true' in swap.canonical_json()
-    assert "sdp_swap" not in KernelConfig(**base, dq_atomic=True).canonical_json()  # earlier keys unchanged
-    for changes, field in ((dict(sdp_swap=True), "sdp_swap"), (dict(dq_atomic=True, sdp_swap=True, BLOCK_M=128), "sdp_swap"),
-                           (dict(dq_atomic=True, sdp_swap=1), "sdp_swap"),
-                           (dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True, dq_warps=8), "dq_warps"),
+    for changes, field in ((dict(BLOCK_N=128), "BLOCK_M"), (dict(dq_atomic=True, dq_warps=8), "dq_warps"),
                            (dict(consumers=3, consumer_regs=160), "consumers"), (dict(pingpong=True), "pingpong"),
                            (dict(access="pointer"), "access"), (dict(loop_order="decode"), None)):
         with pytest.raises(ConfigError) as caught:
