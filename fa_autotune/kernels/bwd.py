@@ -128,7 +128,11 @@ class BackwardPlan:
             module.KERNELS["dq"], (triton.cdiv(n_q, dq_m), batch * heads), _BWD_DQ, scalars, flags,
             {**options, "num_warps": dq_warps, "num_stages": dq_stages})
         self.rows = batch * heads * n_q
-        self.acc_shape = (batch, heads, n_q, flags["HEAD_DIM_PAD"]) if config.dq_atomic else None
+        # dQ's fp32 buffer: the Gluon passes add into it by TMA, whose boxes are clipped at the
+        # buffer's edge, so it holds only the real columns (less to zero and a contiguous cast
+        # into dQ); the Triton pass addresses HEAD_DIM_PAD columns.
+        acc_cols = head_dim if gluon and head_dim % 4 == 0 else flags["HEAD_DIM_PAD"]
+        self.acc_shape = (batch, heads, n_q, acc_cols) if config.dq_atomic else None
         self.head_dim_pad = flags["HEAD_DIM_PAD"]
         self.dtype = q.dtype
         self.head_dim = head_dim
