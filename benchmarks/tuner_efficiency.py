@@ -90,7 +90,7 @@ def census(preset: str, sample: int, seed: int, jobs: int) -> dict:
     arch = space.for_arch("sm90")
     rows = []
     for problem in space.presets[preset].problems:
-        feasible = [c for c in arch.grid(problem) if resources.fits(c, problem, HOPPER)]
+        feasible = [c.config for c in arch.grid(problem) if resources.fits(c.config, problem, HOPPER)]
         drawn = random.Random(seed).sample(feasible, min(sample, len(feasible)))
         results = compile_many(drawn, problem, HOPPER, jobs=jobs)
         counts = Counter(r.status for r in results)

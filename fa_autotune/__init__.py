@@ -16,9 +16,11 @@ from ._version import __version__
 from .errors import ConfigError, FaAutotuneError, InputError
 from .spec.config import KernelConfig
 from .spec.problem import Problem
+from .spec.recipe import Fp8Recipe
 
 __all__ = ["attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain", "quantize_fp8",
-           "record", "KernelConfig", "Problem", "FaAutotuneError", "ConfigError", "InputError", "__version__"]
+           "record", "KernelConfig", "Fp8Recipe", "Problem", "FaAutotuneError", "ConfigError", "InputError",
+           "__version__"]
 
 
 def __dir__() -> list:

@@ -41,6 +41,7 @@ from .errors import FaAutotuneError
 from .kernels.checks import check_config
 from .kernels.fwd import prepare
 from .runtime import api
+from .spec.candidate import Candidate
 from .spec.config import KernelConfig
 from .runtime.dispatch import DISPATCHER
 from .runtime.kvcache import attention_with_kvcache
@@ -231,18 +232,19 @@ class Bench:
         other provider on the 16-bit inputs (same shape)."""
         fmt = fmt_of(problem.dtype)
         if provider == "tuned_quantize":
-            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).config
+            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).candidate
             return (lambda: api.attention_fp8(q, k, v, causal=problem.causal, fmt=fmt)), None, \
-                f"{chosen.name}, quantizing {q.dtype} inputs ({chosen.fp8_scaling}, hadamard {chosen.fp8_hadamard})"
+                f"{chosen.name}, quantizing {q.dtype} inputs ({chosen.recipe.scaling}, " \
+                f"hadamard {chosen.recipe.hadamard})"
         if provider in ("tuned", "default"):
-            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).config if provider == "tuned" \
-                else default_for(problem, detect_gpu(q.device.index or 0))
-            block_q, block_k = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
-            x = quantize_fp8(q, k, v, scaling=chosen.fp8_scaling, hadamard=chosen.fp8_hadamard, fmt=fmt,
+            chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).candidate \
+                if provider == "tuned" else Candidate.of(default_for(problem, detect_gpu(q.device.index or 0)), True)
+            block_q, block_k = tile_blocks(chosen.config.BLOCK_M, chosen.config.BLOCK_N)
+            x = quantize_fp8(q, k, v, scaling=chosen.recipe.scaling, hadamard=chosen.recipe.hadamard, fmt=fmt,
                              block_q=block_q, block_k=block_k)
-            config = None if provider == "tuned" else chosen
+            config = None if provider == "tuned" else chosen.config
             return (lambda: api.attention_fp8(x, causal=problem.causal, config=config, out_dtype=q.dtype)), None, \
-                f"{chosen.name}, prequantized ({chosen.fp8_scaling}, hadamard {chosen.fp8_hadamard})"
+                f"{chosen.name}, prequantized ({chosen.recipe.scaling}, hadamard {chosen.recipe.hadamard})"
         if provider == "tutorial":
             raise Unavailable("the tutorial's configs have no FP8 kernels")
         fn, context, detail = self.callable_for(provider, problem.with_dtype(str(q.dtype).removeprefix("torch.")),
@@ -258,7 +260,7 @@ class Bench:
                            options).tune([problem])
         if outcome.best is None:
             raise Unavailable("no tutorial config passed on this problem")
-        return outcome.best
+        return outcome.best.config
 
     def decode_callable_for(self, provider: str, problem: Problem, x: TrialInputs):
         """KV-cache problems: (fn giving (B, H, Nq, D), context factory or None, detail). Ours

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from ._version import __version__
 from .errors import ConfigError, FaAutotuneError, SearchSpaceError, one_line
 from .errors import quote as _quote
+from .spec.candidate import Candidate
 from .spec.config import KernelConfig
 from .spec.problem import Problem
 from .spec.space import load_space
@@ -68,7 +69,13 @@ def problem_from_args(args: argparse.Namespace, kind: str = "fwd"):
     )
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> KernelConfig:
+    """The kernel config of --config / --config-file (an FP8 recipe among its keys refused:
+    no kernel reads it)."""
+    return KernelConfig.from_mapping(_config_data(args))
+
+
+def _config_data(args: argparse.Namespace) -> dict:
     text, where = args.config, "--config"
     if args.config_file:
         if args.config:
@@ -82,7 +89,7 @@ def config_from_args(args: argparse.Namespace):
         raise ConfigError(where, "not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConfigError(where, f"expected a JSON object of template parameters, got {type(data).__name__}")
-    return KernelConfig.from_mapping(data)
+    return data
 
 
 def _read_text(path: str, flag: str, limit: int) -> str:
@@ -132,10 +139,14 @@ def _compile(args: argparse.Namespace) -> int:
     from .kernels.aot import compile_many
 
     cap = args.arch
-    config = config_from_args(args)
-    problem = problem_from_args(args, kind={"decode": "decode", "backward": "bwd"}.get(config.loop_order, "fwd"))
-    (result,) = compile_many([config], problem, capability=cap, jobs=1)
-    report = {"variant": result.config.name, "status": result.status, "seconds": round(result.seconds, 2),
+    data = _config_data(args)
+    candidate = Candidate.from_mapping(data, fp8=True)  # an FP8 problem's recipe decides its descales' layout
+    problem = problem_from_args(args, kind={"decode": "decode", "backward": "bwd"}.get(candidate.config.loop_order,
+                                                                                    "fwd"))
+    if not problem.is_fp8:
+        candidate = Candidate(KernelConfig.from_mapping(data))  # a recipe named there is refused
+    (result,) = compile_many([candidate.config], problem, capability=cap, jobs=1, recipe=candidate.recipe)
+    report = {"variant": candidate.name, "status": result.status, "seconds": round(result.seconds, 2),
               "error": result.error,
               "kernels": [dict(k.__dict__, instructions=dict(k.instructions)) for k in result.kernels]}
     print(json.dumps(report, indent=2))

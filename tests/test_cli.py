@@ -199,6 +199,11 @@ def test_render_and_compile_commands(env, tmp_path, capsys):
     assert path.endswith(".py") and "attn_fwd_splitkv" in path and os.path.exists(path)
     bad = here(capsys, "render", "--config", '{"BLOCK_M": 65}')
     assert bad.returncode == 2 and "BLOCK_M" in bad.stderr
+    # the FP8 recipe is no template parameter: refused where no FP8 problem could take it
+    for command in ("render", "compile"):
+        bad = here(capsys, command, "--config", '{"fp8_scaling": "per_head"}')
+        assert bad.returncode == 2
+        assert "fp8_scaling: the FP8 quantization recipe is not a kernel parameter" in bad.stderr
 
 
 def test_compile_command_reports_a_gluon_kernel_for_hopper(env):

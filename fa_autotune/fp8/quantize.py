@@ -24,12 +24,13 @@ import torch
 
 from ..errors import InputError
 from ..spec.problem import check_qkv
+from ..spec.recipe import FP8_SCALINGS
 from ..spec.target import interpreter_active
 from . import kernels
 from .hadamard import hadamard_transform, random_hadamard_signs, signed_hadamard
 
 FMT_OF_DTYPE = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
-SCALINGS = ("per_tensor", "per_head", "per_block")
+SCALINGS = FP8_SCALINGS  # Fp8Recipe.scaling
 FORMATS = ("e4m3", "e5m2")
 _FMT_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")

@@ -37,6 +37,7 @@ from ..errors import ConfigError, FaAutotuneError
 from ..processes import compiler_init
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import Fp8Recipe
 from ..spec.target import interpreter_active
 from .launch import Launch
 from .plans import bind, example
@@ -133,15 +134,16 @@ def _specialize(launch: Launch, args: tuple) -> tuple[dict, dict, dict]:
 
 
 def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER,
-                    sass: bool = False) -> CompileResult:
+                    sass: bool = False, recipe: Fp8Recipe | None = None) -> CompileResult:
     """Compile every kernel of ``config`` for ``problem`` on ``capability``; never raises for
     a kernel that fails, it reports the failure as a status. ``sass``: keep each kernel's
-    disassembly in its report (for instruction counts per loop; the tuner does not need it)."""
+    disassembly in its report (for instruction counts per loop; the tuner does not need it).
+    ``recipe``: an FP8 problem's, whose descales the launch reads (default: Fp8Recipe())."""
     if interpreter_active():
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
     try:
-        launches = bind(config, problem, example(config, problem, "meta")).launches()
+        launches = bind(config, problem, example(config, problem, "meta", recipe=recipe)).launches()
     except ConfigError as exc:  # the config cannot run this problem's layout at all
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     reports = []
@@ -257,7 +259,7 @@ def compile_error_message(exc: BaseException) -> str:
     return " ".join(part for part in (type(exc).__name__, where, text) if part)
 
 
-def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool]) -> CompileResult:
+def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool, Fp8Recipe | None]) -> CompileResult:
     return compile_variant(*job)
 
 
@@ -266,11 +268,12 @@ _POOLS: dict[int, ProcessPoolExecutor] = {}
 
 def compile_many(
     configs: Iterable[KernelConfig], problem: Problem, capability: tuple[int, int] = HOPPER, jobs: int | None = None,
-    sass: bool = False,
+    sass: bool = False, recipe: Fp8Recipe | None = None,
 ) -> list[CompileResult]:
     """Compile many variants in a pool of worker processes (never interpreted), kept for the
     next call with as many workers: a worker starts in seconds (it imports torch and Triton
-    afresh), a compile takes about one. A pool a crashed worker broke is dropped."""
+    afresh), a compile takes about one. A pool a crashed worker broke is dropped. ``recipe``
+    as :func:`compile_variant` takes it, for every variant."""
     configs = list(configs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
     pool = _POOLS.get(workers)
@@ -279,7 +282,7 @@ def compile_many(
                                                      mp_context=multiprocessing.get_context("spawn"),
                                                      initializer=compiler_init, initargs=(os.getpid(),))
     try:
-        return list(pool.map(_compile_job, [(c, problem, capability, sass) for c in configs]))
+        return list(pool.map(_compile_job, [(c, problem, capability, sass, recipe) for c in configs]))
     except BrokenProcessPool:
         _POOLS.pop(workers, None)
         pool.shutdown(wait=False, cancel_futures=True)

@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import Fp8Recipe
 from .bwd import BackwardPlan
 from .decode import DecodePlan
 from .fwd import prepare
@@ -78,10 +79,12 @@ def bind(config: KernelConfig, problem: Problem, x: Operands) -> Bound:
     return Bound(config, plan, (x.q, x.k, x.v, x.out, None, x.scales))
 
 
-def example(config: KernelConfig, problem: Problem, device: torch.device | str, append: bool = False) -> Operands:
+def example(config: KernelConfig, problem: Problem, device: torch.device | str, append: bool = False,
+            recipe: Fp8Recipe | None = None) -> Operands:
     """Uninitialized operands in the layout a launch of ``problem`` reads (``device`` "meta"
     for ahead-of-time compiling): contiguous (B, H, N, D), FP8 inputs as
-    :func:`~fa_autotune.quantize_fp8` lays them out for this config's recipe and tiles; a
+    :func:`~fa_autotune.quantize_fp8` lays them out for ``recipe`` (default:
+    :class:`Fp8Recipe`'s; its scaling decides the descales' shapes) and this config's tiles; a
     KV-cache step with its cache contiguous or paged (a full block table) and per-sequence
     int32 lengths, ``append`` adding one new token; a backward pass with its gradients."""
     if problem.decode:
@@ -90,7 +93,7 @@ def example(config: KernelConfig, problem: Problem, device: torch.device | str, 
     kv_shape = (problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim)
     if problem.is_fp8:
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
-        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], config.fp8_scaling,
+        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], (recipe or Fp8Recipe()).scaling,
                              block_q, block_k)
         return Operands(x.q, x.k, x.v, torch.empty(q_shape, device=device, dtype=torch.bfloat16), x.scales)
     dtype = getattr(torch, problem.dtype)

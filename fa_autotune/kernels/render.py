@@ -95,11 +95,10 @@ def _environment():
 
 
 def render(config: KernelConfig) -> RenderedKernel:
-    """Render the module for ``config``'s kernel (:meth:`KernelConfig.kernel_config`: one
-    module for every FP8 recipe of a kernel); deterministic."""
+    """Render the module for ``config``'s kernel (one module for every FP8 recipe it runs
+    with: the recipe is no template parameter); deterministic."""
     if not isinstance(config, KernelConfig):
         raise TypeError("render() takes a KernelConfig; build one with KernelConfig.from_mapping")
-    config = config.kernel_config()
     try:
         if config.language == "gluon":
             template = GLUON_TEMPLATES[config.loop_order]
@@ -196,7 +195,7 @@ _MODULES: dict[str, KernelModule] = {}
 
 def load_module(config: KernelConfig) -> KernelModule:
     """Import the module of ``config`` (rendering it on first use), once per process."""
-    key = config.kernel_config().key
+    key = config.key
     module = _MODULES.get(key)
     if module is not None:
         return module

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales, check_offsets,
                               check_tma_output, gluon_backward_error, per_block, sink_tile_error, tma_output_reason,
@@ -27,9 +27,11 @@ from ..kernels.bwd import BackwardPlan, wide_backward_error
 from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
 from ..kernels.launch import check_interpretable, explained, resolve_scale
 from ..kernels.varlen import run_varlen, varlen_config
+from ..spec.candidate import Candidate
 from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
+from ..spec.recipe import Fp8Recipe
 from .dispatch import DISPATCHER, Choice, gpu_of
 from .select import for_sink_tile, runnable, select
 
@@ -346,7 +348,7 @@ def attention_fp8(
     v: torch.Tensor | None = None,
     causal: bool | None = None,
     scale: float | None = None,
-    config: Mapping[str, Any] | KernelConfig | None = None,
+    config: Mapping[str, Any] | KernelConfig | Candidate | None = None,
     *,
     max_error: float | None = None,
     scaling: str | None = None,
@@ -367,8 +369,11 @@ def attention_fp8(
     fp16/bf16/fp32 q, k, v to have them quantized here. ``config=None`` asks the dispatcher:
     the fastest tuned config whose measured error (relative, against float32) is within
     ``max_error`` (`fa-autotune tune --dtype fp8` stores each problem's time/error Pareto
-    front); its quantization recipe (fp8_scaling, fp8_hadamard) is used unless ``scaling`` /
-    ``hadamard`` say otherwise; ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
+    front); its quantization recipe (:class:`~fa_autotune.Fp8Recipe`) is used unless ``scaling`` /
+    ``hadamard`` say otherwise. A ``config`` given may name a recipe beside its template
+    parameters (``fp8_scaling``, ``fp8_hadamard``, as stored configs and ``query pareto`` list
+    them; the default recipe where it names none); for inputs quantized already it must be
+    theirs. ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
     (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
@@ -397,17 +402,16 @@ def attention_fp8(
         problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
         if not problem.is_fp8:
             raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")
-        chosen = _fp8_choice(problem, q.q.device, config, max_error, (q.scaling, q.hadamard))
+        chosen = _fp8_choice(problem, q.q.device, config, max_error, q.scaling, q.hadamard, quantized=True).config
     else:
         dtype = {fmt_: name for name, fmt_ in FMT_OF_DTYPE.items()}.get(fmt)
         if dtype is None:
             raise InputError(f"fmt must be one of {sorted(FMT_OF_DTYPE.values())}, got {fmt!r}")
         problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
-        recipe = None if scaling is None and hadamard is None else (scaling, hadamard)
-        chosen = _fp8_choice(problem, q.device, config, max_error, recipe)
+        candidate = _fp8_choice(problem, q.device, config, max_error, scaling, hadamard)
+        chosen, recipe = candidate.config, candidate.recipe.with_(scaling, hadamard)
         tiles = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
-        inputs = quantize_fp8(q, k, v, scaling=scaling or chosen.fp8_scaling,
-                              hadamard=chosen.fp8_hadamard if hadamard is None else hadamard, fmt=fmt,
+        inputs = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
                               block_q=tiles[0] if block_q is None else block_q,
                               block_k=tiles[1] if block_k is None else block_k, check_finite=False,
                               sink_tile=bool(sink_tile))
@@ -425,10 +429,22 @@ def attention_fp8(
     return (out, lse) if return_lse else out
 
 
-def _fp8_choice(problem: Problem, device: torch.device, config, max_error, recipe) -> KernelConfig:
-    if config is not None:
-        return KernelConfig.from_mapping(config)
-    return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, recipe).config
+def _fp8_choice(problem: Problem, device: torch.device, config, max_error, scaling: str | None,
+                hadamard: bool | None, quantized: bool = False) -> Candidate:
+    """The kernel and recipe attention_fp8 runs: ``config`` with the recipe it names (the
+    default where it names none), else the dispatcher's choice among recipes with the
+    ``scaling`` and ``hadamard`` given. ``quantized``: those are the inputs' own, which a
+    recipe in ``config`` must not contradict (it could not be honoured)."""
+    if config is None:
+        return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, scaling, hadamard).candidate
+    candidate = Candidate.from_mapping(config, fp8=True)
+    named = config.recipe if isinstance(config, Candidate) else Fp8Recipe.split(config)[1]  # None: it names none
+    if quantized and named is not None and not named.matches(scaling, hadamard):
+        differs = "fp8_scaling" if named.scaling != scaling else "fp8_hadamard"
+        raise ConfigError(differs, f"config names the recipe {named.to_dict()}, but the inputs were quantized "
+                          f"with {Fp8Recipe(scaling, hadamard).to_dict()}: quantize them with the config's recipe "
+                          "(quantize_fp8's scaling= and hadamard=), or leave the recipe out of the config")
+    return candidate
 
 
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
@@ -440,7 +456,6 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
         _check_fp8_config(config, problem, inputs)
         return config
     default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
-    default = default.with_(fp8_scaling=config.fp8_scaling, fp8_hadamard=config.fp8_hadamard)
     layout = Layout.of(problem, inputs.q, inputs.k, inputs.v)
     for candidate in (config, default):
         candidate = _within_scale_blocks(candidate, inputs)
@@ -774,8 +789,8 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | No
 def _choice_info(problem: Problem, choice: Choice) -> dict[str, Any]:
     return {
         "source": choice.source,
-        "config": choice.config.to_dict(),
-        "kernel": choice.config.name,
+        "config": choice.candidate.to_dict(),  # FP8: with its recipe, as attention_fp8(config=) takes it
+        "kernel": choice.candidate.name,
         "problem": problem.key,
         "matched_problem": choice.matched.key if choice.matched is not None else None,
         "distance": choice.distance if math.isfinite(choice.distance) else None,  # JSON has no Infinity

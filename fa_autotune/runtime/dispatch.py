@@ -13,6 +13,7 @@ needs them; after the first call for a problem the answer is a dict lookup. It n
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import math
 import os
 import threading
@@ -26,11 +27,13 @@ import triton
 
 from ..errors import FaAutotuneError
 from ..paths import data_dir, default_db_url
+from ..spec.candidate import Candidate
 from ..spec.config import KernelConfig
 from ..spec.defaults import default_for
 from ..spec.problem import TOLERANCE, Problem, distance, nearest
+from ..spec.recipe import Fp8Recipe, default_recipe
 from ..spec.target import GpuInfo, detect_gpu, interpreter_gpu
-from ..spec.tuned import FrontPoint, Recipe, Tuned
+from ..spec.tuned import FrontPoint, Tuned
 from . import files
 from .record import ENV as RECORD_ENV
 from .record import Recorder, RecordError, load_record
@@ -41,13 +44,19 @@ NEAREST_GPU_SOURCE = "shipped (nearest GPU: "  # a Choice's source when another 
 
 @dataclass(frozen=True)
 class Choice:
-    """A config and where it came from."""
+    """A config (with, for an FP8 problem, the recipe to quantize its inputs with) and where
+    it came from."""
 
     config: KernelConfig
     source: str  # database, exported, shipped, "shipped (nearest GPU: NAME)", pareto (an FP8 front) or default
     matched: Problem | None  # the tuned problem whose config this is (None for the default)
     distance: float
     origin: str  # database URL, file path, or "built-in"
+    recipe: Fp8Recipe | None = None  # FP8 problems: the tuned (or default) quantization recipe
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.config, self.recipe)
 
 
 @dataclass(frozen=True)
@@ -80,17 +89,17 @@ class Dispatcher:
         return choice
 
     def choose_fp8(self, problem: Problem, device_type: str, device_index: int, max_error: float | None = None,
-                   recipe: Recipe | None = None) -> Choice:
+                   scaling: str | None = None, hadamard: bool | None = None) -> Choice:
         """FP8: the fastest config on the stored time/error Pareto front of this problem (else
         of the nearest tuned one) whose error is within ``max_error`` (default: the format's
-        tolerance) and whose recipe (fp8_scaling, fp8_hadamard; None parts match any) is
-        ``recipe``. A budget no front config meets gets the most accurate one, with a
-        warning; without a front, what :meth:`choose` gives, with that recipe."""
-        key = (problem, device_type, device_index, max_error, recipe)
+        tolerance) and whose recipe has the ``scaling`` and ``hadamard`` given (None matches
+        any). A budget no front config meets gets the most accurate one, with a warning;
+        without a front, what :meth:`choose` gives, its recipe with those parts."""
+        key = (problem, device_type, device_index, max_error, scaling, hadamard)
         choice = self._choices.get(key)
         if choice is None:
             with self._lock:
-                choice = self._resolve_fp8(problem, device_type, device_index, max_error, recipe)
+                choice = self._resolve_fp8(problem, device_type, device_index, max_error, scaling, hadamard)
                 self._choices[key] = choice
         return choice
 
@@ -111,47 +120,45 @@ class Dispatcher:
             found = source.tuned.winner_for(problem)
             if found is not None:
                 winner, d = found
-                return Choice(winner.config, source.kind, winner.problem, d, source.tuned.origin)
+                return Choice(winner.config, source.kind, winner.problem, d, source.tuned.origin,
+                              _recipe_of(winner.recipe, problem))
         if not any(s.tuned.winners for s in sources) and not gpu.is_interpreter and gpu.name not in self._warned:
             self._warned.add(gpu.name)
             warnings.warn(f"fa_autotune: no tuned configs for {gpu.name} (sm_{gpu.capability}); using built-in "
                           "defaults. Run `fa-autotune tune` on this GPU to tune it.", RuntimeWarning, stacklevel=4)
         return _default(problem, gpu)
 
-    def _resolve_fp8(self, problem, device_type, device_index, max_error, recipe) -> Choice:
+    def _resolve_fp8(self, problem, device_type, device_index, max_error, scaling, hadamard) -> Choice:
         gpu = gpu_of(device_type, device_index)
         budget = TOLERANCE[problem.dtype] if max_error is None else max_error
         if not _tuned_disabled():
-            front = self._front_for(problem, recipe, self._sources_for(gpu, device_type, device_index))
+            front = self._front_for(problem, scaling, hadamard, self._sources_for(gpu, device_type, device_index))
             fits = [(p, origin) for p, origin in front if p.rel_error <= budget]
             if fits:
                 best, origin = min(fits, key=lambda item: (item[0].median_ms, item[0].rel_error))
-                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin)
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin, best.recipe)
             if front and max_error is not None:
                 best, origin = min(front, key=lambda item: (item[0].rel_error, item[0].median_ms))
                 self._warn_once(f"no tuned FP8 config of {problem.key} is within max_error={max_error} "
                                 f"(the most accurate measured {best.rel_error:.3g}); running that one")
-                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin)
+                return Choice(best.config, "pareto", best.problem, distance(problem, best.problem), origin, best.recipe)
         if max_error is not None:
             self._warn_once(f"no FP8 Pareto front tuned for {problem.key} on {gpu.name}: its error under "
                             f"max_error={max_error} is unknown (`fa-autotune tune --dtype fp8 --max-error` measures it)")
         base = self.choose(problem, device_type, device_index)
-        if recipe is None:
-            return base
-        changes = {k: v for k, v in zip(("fp8_scaling", "fp8_hadamard"), recipe) if v is not None}
-        return Choice(base.config.with_(**changes), base.source, base.matched, base.distance, base.origin)
+        return dataclasses.replace(base, recipe=base.recipe.with_(scaling, hadamard))
 
     @staticmethod
-    def _front_for(problem: Problem, recipe: Recipe | None,
+    def _front_for(problem: Problem, scaling: str | None, hadamard: bool | None,
                    sources: list[_Source]) -> list[tuple[FrontPoint, str]]:
         """The front (points with their origin) of the tuned problem nearest to ``problem``
-        among points of ``recipe``; a problem's front comes from the first source that has
-        one, as winners do."""
+        among points whose recipe has ``scaling`` and ``hadamard`` (None matches any); a
+        problem's front comes from the first source that has one, as winners do."""
         points: list[tuple[FrontPoint, str]] = []
         for source in sources:
             known = {p.problem for p, _ in points}
             points += [(p, source.tuned.origin) for p in source.tuned.fronts if p.problem not in known]
-        points = [(p, origin) for p, origin in points if p.matches(recipe)]
+        points = [(p, origin) for p, origin in points if p.recipe.matches(scaling, hadamard)]
         found = nearest(problem, {p.problem for p, _ in points})
         return [(p, origin) for p, origin in points if found is not None and p.problem == found[0]]
 
@@ -181,7 +188,7 @@ class Dispatcher:
             warnings.warn(f"fa_autotune: {message}", RuntimeWarning, stacklevel=6)
 
 
-def shipped_baseline(problem: Problem, gpu: GpuInfo) -> tuple[KernelConfig, str]:
+def shipped_baseline(problem: Problem, gpu: GpuInfo) -> tuple[Candidate, str]:
     """What a fresh install runs for ``problem`` on ``gpu`` (no database, no exported files):
     the shipped file's winner for it or its nearest tuned problem (this GPU's file, else the
     nearest GPU's), else the built-in default; with where it comes from. `tune` reports its
@@ -194,8 +201,9 @@ def shipped_baseline(problem: Problem, gpu: GpuInfo) -> tuple[KernelConfig, str]
         for source in _file_source(directory, gpu, "shipped", quiet) + _nearest_shipped(directory, gpu, quiet):
             found = source.tuned.winner_for(problem)
             if found is not None:
-                return found[0].config, source.kind
-    return default_for(problem, gpu), "default"
+                winner = found[0]
+                return Candidate(winner.config, _recipe_of(winner.recipe, problem)), source.kind
+    return Candidate.of(default_for(problem, gpu), problem.is_fp8), "default"
 
 
 def gpu_of(device_type: str, device_index: int) -> GpuInfo:
@@ -208,7 +216,13 @@ def _tuned_disabled() -> bool:
 
 
 def _default(problem: Problem, gpu: GpuInfo) -> Choice:
-    return Choice(default_for(problem, gpu), "default", None, math.inf, "built-in")
+    return Choice(default_for(problem, gpu), "default", None, math.inf, "built-in", _recipe_of(None, problem))
+
+
+def _recipe_of(recipe: Fp8Recipe | None, problem: Problem) -> Fp8Recipe | None:
+    """The recipe a choice for ``problem`` carries: a tuned one (the default where the tuned
+    problem was not FP8) on an FP8 problem, none on the others."""
+    return recipe if recipe is not None and problem.is_fp8 else default_recipe(problem.is_fp8)
 
 
 def _config_dirs() -> list[Path]:

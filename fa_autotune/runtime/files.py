@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ConfigFileError, InputError, quote
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.problem import Problem
 from ..spec.target import INTERPRETER, GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Tuned, Winner
@@ -69,12 +69,12 @@ def write(tuned: Tuned, out_dir: Path, qualified: bool = False, family: str = FA
     for winner in tuned.winners:
         if winner.problem.family != family:
             continue
-        entry = {"problem": winner.problem.to_dict(), "config": _config_json(winner.config),
+        entry = {"problem": winner.problem.to_dict(), "config": _config_json(winner.candidate),
                  "median_ms": winner.median_ms, "tflops": winner.tflops, "rel_error": winner.rel_error,
                  "software": winner.software.to_dict()}
         front = tuned.front_of(winner.problem)
         if front:
-            entry["pareto"] = [{"config": _config_json(p.config), "median_ms": p.median_ms, "tflops": p.tflops,
+            entry["pareto"] = [{"config": _config_json(p.candidate), "median_ms": p.median_ms, "tflops": p.tflops,
                                 "rel_error": p.rel_error} for p in front]
         entries[winner.problem.key] = entry
     payload = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "family": family, "gpu": tuned.gpu.to_dict(),
@@ -84,9 +84,11 @@ def write(tuned: Tuned, out_dir: Path, qualified: bool = False, family: str = FA
     return path
 
 
-def _config_json(config: KernelConfig) -> dict[str, Any]:
-    """The parameters that differ from their defaults (later knobs left out), as stored."""
-    return json.loads(config.canonical_json())
+def _config_json(candidate: Candidate) -> dict[str, Any]:
+    """The parameters that differ from their defaults (later knobs left out), as stored: an
+    FP8 recipe's among them under its parameter names (``fp8_scaling``, ``fp8_hadamard``), as
+    files have always written it."""
+    return json.loads(candidate.canonical_json())
 
 
 # ------------------------------------------------------------------ reading
@@ -191,7 +193,7 @@ def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[F
         if not isinstance(raw["problem"], dict):
             raise InputError("problem must be an object")
         problem = Problem(**raw["problem"])
-        config = KernelConfig.from_mapping(raw["config"])
+        candidate = Candidate.from_mapping(raw["config"], problem.is_fp8)
     except (InputError, ConfigError, TypeError) as exc:
         raise ConfigFileError(f"{where}: {exc}") from None
     if problem.key != key:
@@ -217,8 +219,8 @@ def _entry(path: Path, key: str, raw: Any, gpu: GpuInfo) -> tuple[Winner, list[F
             raise ConfigFileError(f"{where}: software.{name} must be at most {_MAX_NAME} printable characters "
                                   f"(no control characters), got {quote(sw[name], 60)}")
     software = SoftwareInfo(**sw)
-    winner = Winner(problem, config, float(raw["median_ms"]), float(raw["tflops"]), rel, gpu, software,
-                    source="import")
+    winner = Winner(problem, candidate.config, float(raw["median_ms"]), float(raw["tflops"]), rel, gpu, software,
+                    source="import", recipe=candidate.recipe)
     return winner, _front(where, raw.get("pareto", []), winner)
 
 
@@ -231,15 +233,15 @@ def _front(where: str, raw: Any, winner: Winner) -> list[FrontPoint]:
         if not isinstance(point, dict) or set(point) != {"config", "median_ms", "tflops", "rel_error"}:
             raise ConfigFileError(f"{here} must have exactly config, median_ms, tflops, rel_error")
         try:
-            config = KernelConfig.from_mapping(point["config"])
+            candidate = Candidate.from_mapping(point["config"], fp8=True)
         except (ConfigError, TypeError) as exc:
             raise ConfigFileError(f"{here}: {exc}") from None
         for name in ("median_ms", "tflops", "rel_error"):
             value = point[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigFileError(f"{here}: {name} must be a non-negative number, got {value!r}")
-        points.append(FrontPoint(winner.problem, config, float(point["median_ms"]), float(point["tflops"]),
-                                 float(point["rel_error"]), winner.gpu, winner.software))
+        points.append(FrontPoint(winner.problem, candidate.config, float(point["median_ms"]), float(point["tflops"]),
+                                 float(point["rel_error"]), winner.gpu, winner.software, recipe=candidate.recipe))
     return points
 
 

@@ -4,11 +4,13 @@ defaults. No tensors, no I/O, no exceptions raised to be caught: each candidate 
 :func:`~fa_autotune.kernels.checks.why_not`, and the first that can run is the answer."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from ..kernels.checks import Layout, why_not
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import default_recipe
 from .dispatch import Choice
 
 
@@ -77,12 +79,13 @@ def select(problem: Problem, layout: Layout, choice: Choice, defaults: Sequence[
     default (the most widely runnable), naming why."""
     usable = runnable(choice.config, problem, layout)
     if usable is not None:
-        return Choice(usable, choice.source, choice.matched, choice.distance, choice.origin)
+        return replace(choice, config=usable)
+    recipe = default_recipe(problem.is_fp8)
     for default in defaults:
         usable = runnable(default, problem, layout)
         if usable is not None:
-            return Choice(usable, "default", None, float("inf"), "built-in")
+            return Choice(usable, "default", None, float("inf"), "built-in", recipe)
     error = why_not(defaults[-1], problem, layout)
     if error is not None:
         raise error
-    return Choice(defaults[-1], "default", None, float("inf"), "built-in")
+    return Choice(defaults[-1], "default", None, float("inf"), "built-in", recipe)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from .recipe import Fp8Recipe
 
 LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv", "decode", "backward")
 CAUSAL_MODES = ("masked", "split")
@@ -32,7 +33,6 @@ STAGES = (1, 2, 3, 4, 5, 6, 7)
 MAX_SPLITS = 128
 MAX_Q_TILES = 64
 TILE_ORDERS = ("seq", "head")
-FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
 FP8_PV_MODES = ("separate", "inplace")
 MAX_PERSISTENT = 4
 MAX_SECTION = 4096
@@ -49,8 +49,7 @@ _MIN_REGS, _MAX_REGS = 24, 256
 # stored in databases and config files) leaves them out while they hold these defaults,
 # so every config tuned before they existed keeps its key.
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
-                      "maxnreg": 0, "fp8_scaling": "per_block", "fp8_hadamard": True,
-                      "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
+                      "maxnreg": 0, "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
                       "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
                       "exp2_emu": 0, "half_step": False,
                       "dq_atomic": False, "group_split": 1,
@@ -59,9 +58,6 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 # passes are separate kernels and want different shapes (a tall Q tile streaming short K/V
 # tiles for dQ, the transpose for dK/dV).
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
-# The FP8 quantization recipe: chosen with the kernel (time and error are tuned together) but
-# read only by the quantizer and the plan, never by a template (KernelConfig.kernel_config).
-RECIPE_FIELDS = ("fp8_scaling", "fp8_hadamard")
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
                 "half_step")
@@ -92,10 +88,6 @@ class KernelConfig:
     persistent: int = 0
     tile_order: str = "seq"
     maxnreg: int = 0
-    # FP8 problems only: how attention_fp8 quantizes the inputs for this kernel (the recipe
-    # decides the error, the rest of the config the speed).
-    fp8_scaling: str = "per_block"
-    fp8_hadamard: bool = True
     # FP8 kernels: "separate" PV products descaled as they are added to the accumulator, or
     # "inplace" accumulation descaled once in the epilogue (one V descale per head only).
     fp8_pv: str = "separate"
@@ -154,11 +146,21 @@ class KernelConfig:
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> "KernelConfig":
-        """Build a config from user data (JSON, YAML, kwargs); unknown keys are errors."""
+        """Build a config from user data (JSON, YAML, kwargs); unknown keys are errors. The
+        FP8 quantization recipe (``fp8_scaling``, ``fp8_hadamard``) is not a template
+        parameter: a mapping naming one other than its default is refused, since no kernel
+        would honour it (give it to ``attention_fp8``, or read stored configs with
+        :meth:`Candidate.from_mapping <fa_autotune.spec.candidate.Candidate.from_mapping>`);
+        at their defaults they are dropped, as ``to_dict()`` listed them before issue 40."""
         if isinstance(mapping, KernelConfig):
             return mapping
         if not isinstance(mapping, Mapping):
             raise ConfigError("config", f"expected a mapping of template parameters, got {type(mapping).__name__}")
+        mapping, recipe = Fp8Recipe.split(mapping)
+        if recipe is not None and recipe != Fp8Recipe():
+            name = next(iter(recipe.changes()))
+            raise ConfigError(name, "the FP8 quantization recipe is not a kernel parameter: give it separately "
+                              "(attention_fp8's scaling= and hadamard=, or an Fp8Recipe)")
         known = {f.name for f in fields(cls)}
         for key in mapping:
             if key not in known:
@@ -175,15 +177,6 @@ class KernelConfig:
             shown = text if len(text) <= 80 else text[:80] + "…"
             raise ConfigError("config", f"not valid JSON ({exc.msg} at character {exc.pos}): {shown!r}") from None
         return cls.from_mapping(data)
-
-    @classmethod
-    def from_stored(cls, data: Mapping[str, Any] | str) -> "KernelConfig | None":
-        """A config read back from a database or file, or None if this version of
-        fa_autotune no longer accepts it (rules tighten when Triton bugs are found)."""
-        try:
-            return cls.from_mapping(json.loads(data) if isinstance(data, str) else data)
-        except (ConfigError, ValueError, TypeError):
-            return None
 
     def dq_pass(self) -> tuple[int, int, int, int]:
         """The backward's dQ pass as (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
@@ -202,17 +195,23 @@ class KernelConfig:
     def canonical_json(self) -> str:
         """Stable text form: sorted keys, no spaces, later knobs left out at their defaults;
         the identity used for hashing and storage."""
-        data = {k: v for k, v in self.to_dict().items() if STRUCTURE_DEFAULTS.get(k, _KEEP) != v}
-        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return canonical_json(self.to_dict())
 
     @property
     def key(self) -> str:
         """Short stable hash of the canonical JSON."""
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+        return key_of(self.canonical_json())
 
     @property
     def name(self) -> str:
         """Deterministic kernel name that spells the variant, FlashInfer style."""
+        return self.named()
+
+    def named(self, recipe: str = "") -> str:
+        """The name, with an FP8 recipe's part (:attr:`Fp8Recipe.name_part
+        <fa_autotune.spec.recipe.Fp8Recipe.name_part>`) where Triton forward names spelled it
+        while the recipe was a template parameter (before ``pvin``), so stored names stay as
+        they were; the other families' names never spelled it."""
         if self.language == "gluon":
             return self._gluon_name()
         if self.loop_order == "decode":
@@ -245,10 +244,8 @@ class KernelConfig:
             parts.append(f"{self.tile_order}major")
         if self.maxnreg:
             parts.append(f"r{self.maxnreg}")
-        if self.fp8_scaling != "per_block":
-            parts.append({"per_tensor": "fp8tensor", "per_head": "fp8head"}[self.fp8_scaling])
-        if not self.fp8_hadamard:
-            parts.append("nohad")
+        if recipe:
+            parts.append(recipe)
         if self.fp8_pv != "separate":
             parts.append("pvin")
         return "_".join(parts)
@@ -296,15 +293,21 @@ class KernelConfig:
     def with_(self, **changes: Any) -> "KernelConfig":
         return replace(self, **changes)
 
-    def kernel_config(self) -> "KernelConfig":
-        """The config with the FP8 quantization recipe (RECIPE_FIELDS) at its defaults: what
-        the generated kernel depends on. The recipe decides how attention_fp8 and the tuner
-        quantize the inputs and the scales' shapes the plan passes; no template reads it, so
-        every recipe of one kernel renders and compiles the same module."""
-        return replace(self, **{f: STRUCTURE_DEFAULTS[f] for f in RECIPE_FIELDS})
-
 
 _KEEP = object()
+
+
+def canonical_json(data: Mapping[str, Any]) -> str:
+    """The stored text of a config's parameters: sorted keys, no spaces, the knobs of
+    STRUCTURE_DEFAULTS left out at their defaults (so configs tuned before a knob existed keep
+    their key); :class:`~fa_autotune.spec.candidate.Candidate` adds its recipe's fields."""
+    data = {k: v for k, v in data.items() if STRUCTURE_DEFAULTS.get(k, _KEEP) != v}
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def key_of(text: str) -> str:
+    """The stored key of a canonical JSON text: a short hash of it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -401,10 +404,7 @@ def _validate_structure(cfg: KernelConfig) -> None:
         raise ConfigError("exp2_poly", f"expected true or false, got {cfg.exp2_poly!r}")
     _check_int("persistent", cfg.persistent, lo=0, hi=MAX_PERSISTENT)
     _check_choice("tile_order", cfg.tile_order, TILE_ORDERS)
-    _check_choice("fp8_scaling", cfg.fp8_scaling, FP8_SCALINGS)
     _check_choice("fp8_pv", cfg.fp8_pv, FP8_PV_MODES)
-    if not isinstance(cfg.fp8_hadamard, bool):
-        raise ConfigError("fp8_hadamard", f"expected true or false, got {cfg.fp8_hadamard!r}")
     _check_int("maxnreg", cfg.maxnreg, lo=0, hi=255)
     if cfg.maxnreg and (cfg.maxnreg < 64 or cfg.maxnreg % 8):
         raise ConfigError("maxnreg", f"{cfg.maxnreg} is not 0 (no cap) or a multiple of 8 in [64, 248]")

@@ -18,12 +18,16 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import ConfigError, InputError, SearchSpaceError, one_line
 from ..paths import data_dir, read_small_text
+from .candidate import Candidate
 from .config import GLUON_FIELDS, STRUCTURE_DEFAULTS, KernelConfig
 from .problem import Problem
+from .recipe import RECIPE_FIELDS
 
 PROBLEM_NAMES = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "head_dim_pad",
                  "gqa_group", "causal", "dtype", "fp8", "page_size")
-PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig))
+# What a space searches: the template parameters, and for FP8 problems the quantization
+# recipe beside them (split off into the candidate's Fp8Recipe where a sample becomes one).
+PARAMETER_NAMES = tuple(f.name for f in fields(KernelConfig)) + tuple(RECIPE_FIELDS)
 ARCH_KEYS = ("sm90", "sm80", "interpreter")
 _PRESET_KEYS = {"batch", "heads", "kv_heads", "seqlen", "seqlen_k", "head_dim", "dtype", "causal", "causal_align",
                 "hidden", "tokens", "page_size"}
@@ -254,14 +258,15 @@ class SearchSpace:
             params[parameter.name] = choices[0] if len(choices) == 1 else choose(parameter.name, choices)
         return params
 
-    def grid(self, problem: Problem) -> list[KernelConfig]:
-        """Every config of the space that satisfies the constraints on ``problem``."""
-        return [config for _, config in self.grid_rows(problem)]
+    def grid(self, problem: Problem) -> list[Candidate]:
+        """Every candidate of the space (a config, with its recipe on an FP8 problem) that
+        satisfies the constraints on ``problem``."""
+        return [candidate for _, candidate in self.grid_rows(problem)]
 
-    def grid_rows(self, problem: Problem) -> list[tuple[dict[str, Any], KernelConfig]]:
-        """Every config of :meth:`grid` with the parameters :meth:`suggest` would choose for
-        it (the active ones), so a sampler can tell which choices still lead to a config."""
-        out: list[tuple[dict[str, Any], KernelConfig]] = []
+    def grid_rows(self, problem: Problem) -> list[tuple[dict[str, Any], Candidate]]:
+        """Every candidate of :meth:`grid` with the parameters :meth:`suggest` would choose
+        for it (the active ones), so a sampler can tell which choices still lead to one."""
+        out: list[tuple[dict[str, Any], Candidate]] = []
         env = _problem_env(problem)
         for params, active, proven in self._walk(problem, 0, {}, (), frozenset(), self._checks_by_depth()):
             # the constraints in file order, as written: the first false one excludes the
@@ -269,10 +274,10 @@ class SearchSpace:
             full = dict(env, **params)
             if all(c.evaluate(full) for i, c in enumerate(self.constraints) if i not in proven):
                 try:
-                    config = KernelConfig.from_mapping(params)
+                    candidate = Candidate.from_mapping(params, problem.is_fp8)
                 except ConfigError:
                     continue
-                out.append(({name: params[name] for name in active}, config))
+                out.append(({name: params[name] for name in active}, candidate))
         return out
 
     def _checks_by_depth(self) -> list[tuple[tuple[int, Expression], ...]]:
@@ -465,7 +470,8 @@ def _parse_parameters(raw: Any, loc: _Locator, path: tuple, require_all: bool) -
             raise SearchSpaceError(f"{where}: unknown parameter {name!r}; known: {', '.join(PARAMETER_NAMES)}")
         out.append(_parse_parameter(name, spec, where))
     if require_all:
-        missing = [n for n in PARAMETER_NAMES if n not in raw and n not in STRUCTURE_DEFAULTS]
+        optional = STRUCTURE_DEFAULTS.keys() | RECIPE_FIELDS.keys()  # left out: at their defaults
+        missing = [n for n in PARAMETER_NAMES if n not in raw and n not in optional]
         if missing:
             raise SearchSpaceError(f"{loc.at(*path)}: missing parameters {missing}")
     return tuple(out)
@@ -498,7 +504,7 @@ def _parse_parameter(name: str, spec: Any, where: str) -> Parameter:
 
 
 def _check_value(name: str, value: Any, where: str) -> None:
-    """Each candidate must be a value the template accepts on its own."""
+    """Each candidate must be a value the template (or the FP8 recipe) accepts on its own."""
     probe = {name: value}
     if name == "num_splits":
         probe["loop_order"] = "split_kv"
@@ -521,7 +527,7 @@ def _check_value(name: str, value: Any, where: str) -> None:
     if name == "group_split":
         probe.update(loop_order="backward", language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=64)
     try:
-        KernelConfig.from_mapping(probe)
+        Candidate.from_mapping(probe, fp8=True)
     except ConfigError as exc:
         raise SearchSpaceError(f"{where}: value {value!r} rejected ({exc})") from None
 

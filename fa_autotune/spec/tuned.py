@@ -7,6 +7,10 @@ file to the dispatcher.
   at most one winner and one front per problem; it answers "which tuned problem lends its
   config to this one".
 
+Winners and front points carry a kernel ``config`` and, for FP8 problems, the ``recipe`` its
+inputs are quantized with (None otherwise); ``candidate`` is the pair, whose key and name
+are what the database and the files store.
+
 The store builds them from rows, the file reader from JSON, and the dispatcher, the
 exporter and ``fa-autotune query`` read nothing else.
 """
@@ -15,12 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .candidate import Candidate
 from .config import KernelConfig
 from .problem import Problem, nearest
+from .recipe import Fp8Recipe
 from .target import GpuInfo, SoftwareInfo
 
-# An FP8 quantization recipe, (fp8_scaling, fp8_hadamard); None parts match anything.
-Recipe = tuple[str | None, bool | None]
+
+def _recipe_for(record: "Winner | FrontPoint") -> None:
+    """A record's recipe as its problem wants it: the default for an FP8 problem given none,
+    none for the others (a recipe there would be a caller's mistake)."""
+    if record.problem.is_fp8 and record.recipe is None:
+        object.__setattr__(record, "recipe", Fp8Recipe())
+    elif not record.problem.is_fp8 and record.recipe is not None:
+        raise ValueError(f"{record.problem.key} is not an FP8 problem; its {type(record).__name__} has no recipe")
 
 
 @dataclass(frozen=True)
@@ -38,12 +50,21 @@ class Winner:
     source: str = "tune"  # "tune", or "import" when loaded from a file
     study_name: str | None = None
     decided_at: str = ""  # UTC "YYYY-MM-DD HH:MM:SS"; files carry no timestamps
+    recipe: Fp8Recipe | None = None  # FP8 problems: how the inputs are quantized (default: Fp8Recipe())
+
+    def __post_init__(self) -> None:
+        _recipe_for(self)
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.config, self.recipe)
 
     def as_row(self) -> dict[str, Any]:
         """The flat view ``fa-autotune query best`` prints (table, JSON, CSV)."""
+        candidate = self.candidate
         return {"gpu": self.gpu.name, "capability": self.gpu.capability, "problem": self.problem.key,
                 "dtype": self.problem.dtype, "head_dim": self.problem.head_dim, "causal": self.problem.causal,
-                "config_name": self.config.name, "config": self.config.to_dict(), "median_ms": self.median_ms,
+                "config_name": candidate.name, "config": candidate.to_dict(), "median_ms": self.median_ms,
                 "tflops": self.tflops, "rel_error": self.rel_error, "ties": self.ties,
                 "triton": self.software.triton, "torch": self.software.torch,
                 "template_hash": self.software.template_hash, "source": self.source, "decided_at": self.decided_at}
@@ -68,17 +89,21 @@ class FrontPoint:
     max_error: float | None = None  # the error budget the front was built under
     study_name: str | None = None
     decided_at: str = ""
+    recipe: Fp8Recipe | None = None  # how the inputs are quantized (default: Fp8Recipe())
 
-    def matches(self, recipe: Recipe | None) -> bool:
-        """Whether this point quantizes as ``recipe`` says (None parts match anything)."""
-        return recipe is None or all(want is None or have == want for have, want in
-                                     zip((self.config.fp8_scaling, self.config.fp8_hadamard), recipe))
+    def __post_init__(self) -> None:
+        _recipe_for(self)
+
+    @property
+    def candidate(self) -> Candidate:
+        return Candidate(self.config, self.recipe)
 
     def as_row(self) -> dict[str, Any]:
         """The flat view ``fa-autotune query pareto`` prints."""
-        return {"gpu": self.gpu.name, "problem": self.problem.key, "config_name": self.config.name,
-                "config": self.config.to_dict(), "fp8_scaling": self.config.fp8_scaling,
-                "fp8_hadamard": self.config.fp8_hadamard, "median_ms": self.median_ms, "tflops": self.tflops,
+        candidate, recipe = self.candidate, self.recipe or Fp8Recipe()
+        return {"gpu": self.gpu.name, "problem": self.problem.key, "config_name": candidate.name,
+                "config": candidate.to_dict(), "fp8_scaling": recipe.scaling, "fp8_hadamard": recipe.hadamard,
+                "median_ms": self.median_ms, "tflops": self.tflops,
                 "rel_error": self.rel_error, "max_error": self.max_error, "triton": self.software.triton,
                 "decided_at": self.decided_at}
 
@@ -135,4 +160,4 @@ class Tuned:
     def front_of(self, problem: Problem) -> tuple[FrontPoint, ...]:
         """The stored front of exactly ``problem``, fastest first."""
         return tuple(sorted((p for p in self.fronts if p.problem == problem),
-                            key=lambda p: (p.median_ms, p.config.canonical_json())))
+                            key=lambda p: (p.median_ms, p.candidate.canonical_json())))

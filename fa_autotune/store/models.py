@@ -13,7 +13,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.problem import Problem
 from ..spec.target import GpuInfo, SoftwareInfo
 
@@ -95,11 +95,13 @@ class ConfigModel(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     hash: Mapped[str] = mapped_column(String(32), unique=True, nullable=False)
     name: Mapped[str] = mapped_column(String(160), nullable=False)
-    json: Mapped[str] = mapped_column(Text, nullable=False)  # KernelConfig.canonical_json()
+    # Candidate.canonical_json(): a kernel config's, with an FP8 recipe's non-default fields
+    json: Mapped[str] = mapped_column(Text, nullable=False)
 
-    def to_config(self) -> KernelConfig | None:
-        """The config, or None where this version of fa_autotune no longer accepts it."""
-        return KernelConfig.from_stored(self.json)
+    def to_candidate(self, fp8: bool) -> Candidate | None:
+        """The config (with its recipe, for an FP8 problem), or None where this version of
+        fa_autotune no longer accepts it."""
+        return Candidate.from_stored(self.json, fp8)
 
 
 class MeasurementModel(Base):

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.problem import Problem, nearest
 from ..spec.tuned import FRONT_COLUMNS, WINNER_COLUMNS, FrontPoint, Winner
 from .db import Database
@@ -63,17 +63,18 @@ def trials(db: Database, filters: Filters = Filters(), limit: int | None = None)
         stmt = stmt.limit(limit)
     with db.session() as s:
         rows = s.execute(stmt).all()
-    return [TrialRow(m.id, g.name, p.key, c.name, _config_dict(c.json), m.status, m.phase, m.median_ms, m.tflops,
-                     m.rel_error, m.compile_seconds, m.study_name, m.trial_number, m.message.splitlines()[0]
-                     if m.message else "", _stamp(m.finished_at))
+    return [TrialRow(m.id, g.name, p.key, c.name, _config_dict(c.json, p.to_problem().is_fp8), m.status, m.phase,
+                     m.median_ms, m.tflops, m.rel_error, m.compile_seconds, m.study_name, m.trial_number,
+                     m.message.splitlines()[0] if m.message else "", _stamp(m.finished_at))
             for m, p, c, g in rows]
 
 
-def _config_dict(text: str) -> dict[str, Any]:
-    """Every template parameter of a stored config (knobs added later at their defaults);
-    the stored JSON as is where this version no longer accepts the config."""
-    config = KernelConfig.from_stored(text)
-    return config.to_dict() if config is not None else json.loads(text)
+def _config_dict(text: str, fp8: bool) -> dict[str, Any]:
+    """Every template parameter of a stored config (knobs added later at their defaults) and,
+    for an FP8 problem, its recipe's; the stored JSON as is where this version no longer
+    accepts the config."""
+    candidate = Candidate.from_stored(text, fp8)
+    return candidate.to_dict() if candidate is not None else json.loads(text)
 
 
 def as_dicts(rows: list) -> list[dict[str, Any]]:
@@ -147,7 +148,7 @@ def compare(db: Database, a: tuple[str, str], b: tuple[str, str], filters: Filte
     ``("triton", "3.6.0")``...): only problems both sides have."""
     rows = best(db, filters)
     side_a, side_b = _side(rows, a), _side(rows, b)
-    return [CompareRow(p, side_a[p].config.name, side_a[p].median_ms, side_a[p].tflops, side_b[p].config.name,
+    return [CompareRow(p, side_a[p].candidate.name, side_a[p].median_ms, side_a[p].tflops, side_b[p].candidate.name,
                        side_b[p].median_ms, side_b[p].tflops, side_a[p].median_ms / side_b[p].median_ms)
             for p in sorted(set(side_a) & set(side_b))]
 
@@ -174,7 +175,7 @@ def coverage(db: Database, problems: list[Problem], filters: Filters = Filters()
                 out.append(CoverageRow(problem.key, gpu, False, None, None, None))
             else:
                 match, distance = found
-                out.append(CoverageRow(problem.key, gpu, match == problem, tuned[match].config.name, match.key,
+                out.append(CoverageRow(problem.key, gpu, match == problem, tuned[match].candidate.name, match.key,
                                        distance))
     return out
 

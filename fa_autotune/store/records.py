@@ -1,5 +1,6 @@
-"""Identities and measurements: a GPU, a software stack, a problem and a config each get
-one row; every measurement points at them. Every write is one short transaction (winners
+"""Identities and measurements: a GPU, a software stack, a problem and a config (a
+:class:`~fa_autotune.spec.candidate.Candidate`: the kernel config with an FP8 problem's
+recipe) each get one row; every measurement points at them. Every write is one short transaction (winners
 and fronts: :mod:`.tuned`)."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from ..spec.candidate import Candidate
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.target import GpuInfo, SoftwareInfo
@@ -61,8 +63,11 @@ def problem_row(session: Session, problem: Problem) -> ProblemModel:
     return get_or_create(session, ProblemModel, {"key": problem.key}, **asdict(problem))
 
 
-def config_row(session: Session, config: KernelConfig) -> ConfigModel:
-    return get_or_create(session, ConfigModel, {"hash": config.key}, name=config.name, json=config.canonical_json())
+def config_row(session: Session, candidate: Candidate | KernelConfig) -> ConfigModel:
+    """The row of a candidate (a config and, for FP8, its recipe; a bare KernelConfig has the
+    identity of the candidate without a recipe, or with the default one): one per identity."""
+    return get_or_create(session, ConfigModel, {"hash": candidate.key}, name=candidate.name,
+                         json=candidate.canonical_json())
 
 
 def identities(db: Database, problem: Problem, gpu: GpuInfo, sw: SoftwareInfo) -> Ids:
@@ -70,14 +75,14 @@ def identities(db: Database, problem: Problem, gpu: GpuInfo, sw: SoftwareInfo) -
         return Ids(problem_row(s, problem).id, gpu_row(s, gpu).id, software_row(s, sw).id)
 
 
-def record(db: Database, ids: Ids, config: KernelConfig, status: str, *, started_at: dt.datetime | None = None,
-           **fields) -> int:
+def record(db: Database, ids: Ids, candidate: Candidate | KernelConfig, status: str, *,
+           started_at: dt.datetime | None = None, **fields) -> int:
     """Store one measurement; returns its id."""
     if status not in STATUSES:
         raise ValueError(f"unknown status {status!r}")
     with db.session() as s:
         row = MeasurementModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
-                               config_id=config_row(s, config).id, status=status, **fields)
+                               config_id=config_row(s, candidate).id, status=status, **fields)
         if started_at is not None:
             row.started_at = started_at
         s.add(row)
@@ -85,25 +90,25 @@ def record(db: Database, ids: Ids, config: KernelConfig, status: str, *, started
         return row.id
 
 
-def reusable(db: Database, ids: Ids, config: KernelConfig) -> MeasurementModel | None:
-    """The latest measurement of ``config`` on this problem, GPU and software that answers
-    for the config itself (see REUSABLE_STATUSES), or None."""
+def reusable(db: Database, ids: Ids, candidate: Candidate | KernelConfig) -> MeasurementModel | None:
+    """The latest measurement of ``candidate`` on this problem, GPU and software that answers
+    for the candidate itself (see REUSABLE_STATUSES), or None."""
     with db.session() as s:
         return s.scalar(
             select(MeasurementModel).join(ConfigModel)
             .where(MeasurementModel.problem_id == ids.problem, MeasurementModel.gpu_id == ids.gpu,
-                   MeasurementModel.software_id == ids.software, ConfigModel.hash == config.key,
+                   MeasurementModel.software_id == ids.software, ConfigModel.hash == candidate.key,
                    MeasurementModel.status.in_(REUSABLE_STATUSES))
             .order_by(MeasurementModel.id.desc()).limit(1)
         )
 
 
-def claim(db: Database, ids: Ids, config: KernelConfig, owner: str, gone) -> str:
-    """Claim measuring ``config`` for ``owner``; returns who holds the claim now: ``owner``, or
+def claim(db: Database, ids: Ids, candidate: Candidate | KernelConfig, owner: str, gone) -> str:
+    """Claim measuring ``candidate`` for ``owner``; returns who holds the claim now: ``owner``, or
     another run still alive. A claim whose holder is gone (``gone(holder, claimed_at)``) is
     taken over, atomically against a third run doing the same."""
     with db.session() as s:
-        config_id = config_row(s, config).id
+        config_id = config_row(s, candidate).id
         unique = {"problem_id": ids.problem, "gpu_id": ids.gpu, "software_id": ids.software, "config_id": config_id}
         row = get_or_create(s, ClaimModel, unique, owner=owner, claimed_at=_now())
         holder = row.owner
@@ -114,10 +119,10 @@ def claim(db: Database, ids: Ids, config: KernelConfig, owner: str, gone) -> str
         return holder
 
 
-def release(db: Database, ids: Ids, config: KernelConfig, owner: str) -> None:
-    """Drop ``owner``'s claim on ``config`` (its measurement is stored, whatever its status)."""
+def release(db: Database, ids: Ids, candidate: Candidate | KernelConfig, owner: str) -> None:
+    """Drop ``owner``'s claim on ``candidate`` (its measurement is stored, whatever its status)."""
     with db.session() as s:
-        config_id = s.scalar(select(ConfigModel.id).where(ConfigModel.hash == config.key))
+        config_id = s.scalar(select(ConfigModel.id).where(ConfigModel.hash == candidate.key))
         if config_id is not None:
             s.execute(delete(ClaimModel).where(ClaimModel.problem_id == ids.problem, ClaimModel.gpu_id == ids.gpu,
                                                ClaimModel.software_id == ids.software,

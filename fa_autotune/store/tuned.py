@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Sequence
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.problem import Problem
 from ..spec.target import GpuInfo, SoftwareInfo
 from ..spec.tuned import FrontPoint, Tuned, Winner
@@ -44,7 +44,7 @@ def import_tuned(db: Database, sets: Iterable[Tuned], progress: Callable[[int, i
     total, count = sum(len(t.winners) for t in sets), 0
     with db.session() as s:
         software: dict[SoftwareInfo, int] = {}
-        configs: dict[KernelConfig, int] = {}
+        configs: dict[Candidate, int] = {}
         for tuned in sets:
             gpu_id = gpu_row(s, tuned.gpu).id
             fronts: dict[tuple, list[FrontPoint]] = {}
@@ -64,12 +64,13 @@ def import_tuned(db: Database, sets: Iterable[Tuned], progress: Callable[[int, i
     return count
 
 
-def _put_winner(s: Session, ids: Ids, winner: Winner, configs: dict[KernelConfig, int] | None = None) -> None:
-    if configs is None or winner.config not in configs:
-        config_id = config_row(s, winner.config).id
+def _put_winner(s: Session, ids: Ids, winner: Winner, configs: dict[Candidate, int] | None = None) -> None:
+    candidate = winner.candidate
+    if configs is None or candidate not in configs:
+        config_id = config_row(s, candidate).id
         if configs is not None:
-            configs[winner.config] = config_id
-    config_id = configs[winner.config] if configs is not None else config_id
+            configs[candidate] = config_id
+    config_id = configs[candidate] if configs is not None else config_id
     # Two runs deciding the same problem at once: the row is created once (the race absorbed),
     # the later decision wins.
     row = get_or_create(s, BestModel, {"problem_id": ids.problem, "gpu_id": ids.gpu, "software_id": ids.software},
@@ -85,7 +86,7 @@ def _put_front(s: Session, ids: Ids, points: Sequence[FrontPoint], max_error: fl
                                         ParetoModel.software_id == ids.software))
     for point in points:
         s.add(ParetoModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
-                          config_id=config_row(s, point.config).id, median_ms=point.median_ms, tflops=point.tflops,
+                          config_id=config_row(s, point.candidate).id, median_ms=point.median_ms, tflops=point.tflops,
                           rel_error=point.rel_error, max_error=max_error, study_name=point.study_name))
 
 
@@ -94,10 +95,11 @@ def winners(db: Database, filters: Filters = Filters()) -> list[Winner]:
     """Every stored winner (one per problem, GPU and software stack), oldest decision first."""
     out = []
     for b, p, c, g, sw in _decided(db, BestModel, filters):
-        config = c.to_config()
-        if config is not None:
-            out.append(Winner(p.to_problem(), config, b.median_ms, b.tflops, b.rel_error, g.to_gpu(), sw.to_software(),
-                              b.ties, b.source, b.study_name, _stamp(b.decided_at)))
+        problem = p.to_problem()
+        candidate = c.to_candidate(problem.is_fp8)
+        if candidate is not None:
+            out.append(Winner(problem, candidate.config, b.median_ms, b.tflops, b.rel_error, g.to_gpu(),
+                              sw.to_software(), b.ties, b.source, b.study_name, _stamp(b.decided_at), candidate.recipe))
     return out
 
 
@@ -105,10 +107,11 @@ def front_points(db: Database, filters: Filters = Filters()) -> list[FrontPoint]
     """Every stored Pareto-front point, oldest decision first."""
     out = []
     for f, p, c, g, sw in _decided(db, ParetoModel, filters):
-        config = c.to_config()
-        if config is not None:
-            out.append(FrontPoint(p.to_problem(), config, f.median_ms, f.tflops, f.rel_error, g.to_gpu(),
-                                  sw.to_software(), f.max_error, f.study_name, _stamp(f.decided_at)))
+        problem = p.to_problem()
+        candidate = c.to_candidate(problem.is_fp8)
+        if candidate is not None:
+            out.append(FrontPoint(problem, candidate.config, f.median_ms, f.tflops, f.rel_error, g.to_gpu(),
+                                  sw.to_software(), f.max_error, f.study_name, _stamp(f.decided_at), candidate.recipe))
     return out
 
 
@@ -130,9 +133,9 @@ def tuned_by_gpu(db: Database, gpu: str | None = None) -> list[Tuned]:
             for model in models.values()]
 
 
-def tuned_problems(db: Database, gpu: GpuInfo) -> list[tuple[Problem, KernelConfig]]:
-    """(problem, winning config) of every decision on this GPU model, any software."""
-    return [(w.problem, w.config) for w in winners(db, Filters(gpu_model=gpu))]
+def tuned_problems(db: Database, gpu: GpuInfo) -> list[tuple[Problem, Candidate]]:
+    """(problem, winning candidate) of every decision on this GPU model, any software."""
+    return [(w.problem, w.candidate) for w in winners(db, Filters(gpu_model=gpu))]
 
 
 def _decided(db: Database, model, filters: Filters) -> list:

@@ -17,19 +17,22 @@ from ..kernels.checks import check_config, check_fp8_scales
 from ..kernels.plans import bind, example
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import Fp8Recipe
 
 
-def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER) -> CompileResult:
-    """Compile ``config`` for ``problem``; failures come back as statuses, never raised."""
+def compile_for_tuning(config: KernelConfig, problem: Problem, capability: tuple[int, int] = HOPPER,
+                       recipe: Fp8Recipe | None = None) -> CompileResult:
+    """Compile ``config`` for ``problem`` (FP8: on inputs quantized as ``recipe`` says);
+    failures come back as statuses, never raised."""
     if not torch.cuda.is_available():
-        return compile_variant(config, problem, capability)
-    return _warm_jit(config, problem)
+        return compile_variant(config, problem, capability, recipe=recipe)
+    return _warm_jit(config, problem, recipe)
 
 
-def _warm_jit(config: KernelConfig, problem: Problem) -> CompileResult:
+def _warm_jit(config: KernelConfig, problem: Problem, recipe: Fp8Recipe | None) -> CompileResult:
     start = time.perf_counter()
     try:  # the timing run's layout (FP8: V sequence-contiguous, descales), no data needed
-        x = example(config, problem, "cuda")
+        x = example(config, problem, "cuda", recipe=recipe)
         if not (problem.decode or problem.backward):
             check_config(config, problem, x.q, x.k, x.v)
             if x.scales is not None:

@@ -1,7 +1,7 @@
 """Measurement inputs: built once per trial, shared by the correctness gate and the timing.
 
 Fresh random data every trial (never zeros: they hide bugs). FP8 problems are judged on
-LLM-like float32 activations with outlier channels, quantized as the config's recipe says;
+LLM-like float32 activations with outlier channels, quantized as the candidate's recipe says;
 the reference reads the unquantized inputs. Compiling needs only the layout
 (:func:`fa_autotune.kernels.aot.example_inputs`).
 """
@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..kernels.checks import check_config, check_fp8_scales
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import Fp8Recipe
 from .reference import reference_attention
 
 FP8_OUTLIER_CHANNELS = 4
@@ -69,9 +70,11 @@ class TrialInputs:
     lse: torch.Tensor | None = None
 
     @classmethod
-    def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":
+    def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None,
+              recipe: Fp8Recipe | None = None) -> "TrialInputs":
         """Fresh inputs for ``config`` on ``problem``, with ``config`` checked against them
-        (a ConfigError names what it cannot run)."""
+        (a ConfigError names what it cannot run); FP8 inputs quantized as ``recipe`` says
+        (default: Fp8Recipe())."""
         if problem.decode:
             if config.loop_order != "decode":
                 raise ConfigError("loop_order", f"a KV-cache problem runs loop_order='decode' configs, not "
@@ -89,7 +92,8 @@ class TrialInputs:
             return cls(q, k, v, None, (q, k, v))
         source = fp8_source_inputs(problem, device, seed)
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
-        x = quantize_fp8(*source, scaling=config.fp8_scaling, hadamard=config.fp8_hadamard,
+        recipe = recipe or Fp8Recipe()
+        x = quantize_fp8(*source, scaling=recipe.scaling, hadamard=recipe.hadamard,
                          fmt=fmt_of(problem.dtype), block_q=block_q, block_k=block_k)
         check_config(config, problem, x.q, x.k, x.v)
         check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)

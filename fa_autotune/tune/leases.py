@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import optuna
 from optuna.trial import TrialState
 
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..store import Database
 from ..store.records import Ids, claim, release, reusable
 
@@ -155,7 +155,7 @@ class Claims:
     def __init__(self, db: Database, trial_timeout: float) -> None:
         self.db, self.trial_timeout = db, trial_timeout
 
-    def claim(self, ids: Ids, config: KernelConfig) -> bool:
+    def claim(self, ids: Ids, config: Candidate) -> bool:
         """Claim measuring ``config`` in the database; False while another live run holds it."""
         grace = grace_s(self.trial_timeout)
 
@@ -164,11 +164,11 @@ class Claims:
 
         return claim(self.db, ids, config, OWNER, gone) == OWNER
 
-    def release(self, ids: Ids, config: KernelConfig) -> None:
+    def release(self, ids: Ids, config: Candidate) -> None:
         """Give up this run's claim once its measurement is stored."""
         release(self.db, ids, config, OWNER)
 
-    def await_elsewhere(self, ids: Ids, config: KernelConfig) -> MeasurementModel | None:
+    def await_elsewhere(self, ids: Ids, config: Candidate) -> MeasurementModel | None:
         """The stored measurement of ``config``, waiting while another live run measures it
         (up to twice the trial timeout); None when it is this run's to measure (claimed)."""
         deadline = time.monotonic() + 2 * self.trial_timeout + 60

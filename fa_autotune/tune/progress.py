@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.problem import Problem
 from .search import ProblemOutcome
 
@@ -81,7 +81,7 @@ class RichReporter:
                             description=f"problem {index + 1}/{self.problems}")
         self.progress.lines = [outcome.problem.key]
 
-    def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig | None, ms: float | None) -> None:
+    def trial_done(self, outcome: ProblemOutcome, status: str, config: Candidate | None, ms: float | None) -> None:
         self.progress.update(self.total_task, completed=self.done + self._settled(outcome))
         self.progress.update(self.problem_task, completed=self.base + self._settled(outcome))
         detail = self._detail(outcome)

@@ -1,7 +1,9 @@
 """The tuner: an Optuna study per problem, every trial compiled ahead, checked, timed, stored.
 
 One trial: the space proposes a config (Optuna's sampler, kept by :mod:`.sampling` to the
-configs that pass the space's constraints and the static shared-memory check) -> the
+configs that pass the space's constraints and the static shared-memory check; for FP8
+problems a :class:`~fa_autotune.spec.candidate.Candidate`, the config with the quantization
+recipe sampled beside it, and "config" below means that pair) -> the
 database answers configs it already measured on this problem, GPU and software -> compile
 for the target in a process pool (what the static check cannot see stops here) -> correctness gate and
 timing in a restartable child process -> one measurement row. Failures are statuses;
@@ -30,7 +32,7 @@ from ..errors import ConfigError, FaAutotuneError
 from ..kernels import resources
 from ..kernels.aot import HOPPER, CompileResult, SHARED_MEMORY_LIMIT
 from ..processes import SigintGuard, compiler_init
-from ..spec.config import KernelConfig
+from ..spec.candidate import Candidate
 from ..spec.defaults import default_for, defaults_for, gluon_candidates
 from ..spec.problem import TOLERANCE, Problem, distance
 from ..spec.space import SearchSpace
@@ -109,7 +111,7 @@ class ProblemOutcome:
     new_trials: int = 0  # trials measured by this run
     reused: int = 0  # configs answered from measurements this run did not make (earlier or other runs), each once
     statuses: Counter = field(default_factory=Counter)
-    best: KernelConfig | None = None
+    best: Candidate | None = None
     best_ms: float | None = None
     best_tflops: float | None = None
     ties: int = 0
@@ -128,7 +130,7 @@ class ProblemOutcome:
 class Reporter(Protocol):
     def start(self, problems: list[Problem], trials: int, interpreter: bool) -> None: ...
     def problem_started(self, index: int, outcome: ProblemOutcome, target: int) -> None: ...
-    def trial_done(self, outcome: ProblemOutcome, status: str, config: KernelConfig, ms: float | None) -> None: ...
+    def trial_done(self, outcome: ProblemOutcome, status: str, config: Candidate, ms: float | None) -> None: ...
     def problem_finished(self, outcome: ProblemOutcome) -> None: ...
     def finish(self, outcomes: list[ProblemOutcome]) -> None: ...
 
@@ -146,8 +148,8 @@ def study_name(prefix: str | None, gpu: GpuInfo, space: SearchSpace, problem: Pr
     return f"{prefix or 'fa-autotune'}:{gpu.slug}:{space.hash}:{problem.key}"
 
 
-def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, KernelConfig]],
-                shipped: list[KernelConfig] = ()) -> list[KernelConfig]:
+def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Candidate]],
+                shipped: list[Candidate] = ()) -> list[Candidate]:
     """What a study measures first, in order (the caller drops what its space cannot hold):
     the default, ``shipped`` (what a fresh install runs: the winner is reported against it),
     this problem's earlier winners (a re-tune must measure the incumbent) and,
@@ -160,29 +162,32 @@ def warm_starts(problem: Problem, gpu: GpuInfo, tuned: list[tuple[Problem, Kerne
     (and those half-step forms) with the consumers taking turns on the tensor cores flipped
     (which schedule wins moves with the head dim, length and mask: benchmarks/results/2026-12-02-h200-pingpong*/),
     and Gluon winners with lazy rescaling flipped (-2 to +2% by problem: benchmarks/results/2026-12-02-h200-lazy-rescale/results.md),
-    before the L2 sections."""
+    before the L2 sections. Built-in configs come with the default recipe on FP8 problems."""
+    fp8 = problem.is_fp8
     winners = [c for p, c in tuned if p == problem]
-    starts = defaults_for(problem, gpu) + list(shipped) + winners
+    starts = [Candidate.of(c, fp8) for c in defaults_for(problem, gpu)] + list(shipped) + winners
     halves = [c.with_(half_step=True) for c in winners if problem.causal and problem.head_dim_pad <= 64
-              and c.language == "gluon" and not c.overlap and c.BLOCK_N == 128 and c.consumers == 2
-              and not c.half_step]
+              and c.config.language == "gluon" and not c.config.overlap and c.config.BLOCK_N == 128
+              and c.config.consumers == 2 and not c.config.half_step]
     starts += halves
     if not (problem.backward or problem.decode):  # the forward kernel's knobs
-        starts += [c.with_(pingpong=not c.pingpong) for c in winners + halves
-                   if c.language == "gluon" and c.consumers >= 2]
-        starts += [c.with_(rescale_threshold=0 if c.rescale_threshold else 8) for c in winners
-                   if c.language == "gluon"]
-    starts += [c.with_(section=s) for c in winners if problem.causal and c.language == "gluon" and c.persistent
-               for s in (4, 8, 16) if s != c.section]
-    starts += gluon_candidates(problem, gpu.capability_tuple)
+        starts += [c.with_(pingpong=not c.config.pingpong) for c in winners + halves
+                   if c.config.language == "gluon" and c.config.consumers >= 2]
+        starts += [c.with_(rescale_threshold=0 if c.config.rescale_threshold else 8) for c in winners
+                   if c.config.language == "gluon"]
+    starts += [c.with_(section=s) for c in winners if problem.causal and c.config.language == "gluon"
+               and c.config.persistent for s in (4, 8, 16) if s != c.config.section]
+    starts += [Candidate.of(c, fp8) for c in gluon_candidates(problem, gpu.capability_tuple)]
     neighbours = sorted(((distance(problem, p), c) for p, c in tuned if p != problem),
                         key=lambda item: (item[0], item[1].canonical_json()))
-    return starts + [c for d, c in neighbours[:4] if math.isfinite(d)]
+    # a neighbour's kernel, with its recipe where this problem takes one too
+    return starts + [Candidate.from_mapping(c, fp8) for d, c in neighbours[:4] if math.isfinite(d)]
 
 
-def built_in_baseline(problem: Problem, gpu: GpuInfo) -> tuple[KernelConfig, str]:
-    """The config a problem runs with nothing tuned: the built-in default."""
-    return default_for(problem, gpu), "default"
+def built_in_baseline(problem: Problem, gpu: GpuInfo) -> tuple[Candidate, str]:
+    """The config a problem runs with nothing tuned: the built-in default (FP8: with the
+    default recipe)."""
+    return Candidate.of(default_for(problem, gpu), problem.is_fp8), "default"
 
 
 class Tuner:
@@ -191,7 +196,7 @@ class Tuner:
 
     def __init__(self, db: Database, space: SearchSpace, gpu: GpuInfo, software: SoftwareInfo,
                  options: TuneOptions, reporter: Reporter | None = None,
-                 baseline: Callable[[Problem, GpuInfo], tuple[KernelConfig, str]] = built_in_baseline) -> None:
+                 baseline: Callable[[Problem, GpuInfo], tuple[Candidate, str]] = built_in_baseline) -> None:
         self.db, self.gpu, self.software, self.options = db, gpu, software, options
         self.baseline = baseline
         self.space = space.for_arch(gpu.arch)
@@ -268,7 +273,7 @@ class Tuner:
         objectives = {"directions": ["minimize", "minimize"]} if problem.is_fp8 else {"direction": "minimize"}
         rows = self._feasible_rows(problem)
         feasible = Feasible([params for params, _ in rows])
-        grid = [config for _, config in rows]
+        grid = [candidate for _, candidate in rows]
         study = optuna.create_study(study_name=name, storage=self.db.optuna_storage(),
                                     sampler=self._sampler(feasible), load_if_exists=True, **objectives)
         leases.fail_stale_trials(study, grace_s=self._grace_s)
@@ -307,7 +312,7 @@ class Tuner:
             self._complete(study, problem, ids, pool, worker, current, outcome)
             current = upcoming
         outcome.trials = _distinct(study)
-        known = _study_winner(study) if outcome.new_trials == 0 else None
+        known = _study_winner(study, problem.is_fp8) if outcome.new_trials == 0 else None
         if problem.is_fp8:  # no re-timing: rebuilt every run, so a new --max-error takes effect
             self._pick_front(study, problem, ids, outcome)
         elif known is not None:  # nothing new since the winner was picked: keep it (and what it was compared with)
@@ -328,11 +333,11 @@ class Tuner:
     def _sampler(self, feasible: Feasible | None = None):
         return make_sampler(self.options.sampler, self.options.seed, feasible)
 
-    def _fits(self, config: KernelConfig, problem: Problem) -> bool:
+    def _fits(self, candidate: Candidate, problem: Problem) -> bool:
         """The static shared-memory check (no limits in the interpreter)."""
-        return self.gpu.is_interpreter or resources.fits(config, problem, self.target_capability)
+        return self.gpu.is_interpreter or resources.fits(candidate.config, problem, self.target_capability)
 
-    def _feasible_rows(self, problem: Problem) -> list[tuple[dict[str, Any], KernelConfig]]:
+    def _feasible_rows(self, problem: Problem) -> list[tuple[dict[str, Any], Candidate]]:
         """The space's configs on ``problem`` (with the choices that make each) that pass
         its constraints and the static resource check: all a study proposes."""
         rows = self.space.grid_rows(problem)
@@ -340,13 +345,13 @@ class Tuner:
             raise FaAutotuneError(f"the search space allows no config for {problem.key}")
         fitting = [(params, config) for params, config in rows if self._fits(config, problem)]
         if not fitting:
-            least = min(resources.shared_bytes(config, problem, self.target_capability) or 0 for _, config in rows)
+            least = min(resources.shared_bytes(c.config, problem, self.target_capability) or 0 for _, c in rows)
             limit = SHARED_MEMORY_LIMIT.get(self.target_capability)
             raise FaAutotuneError(f"no config of the search space fits {problem.key} on {self.gpu.name}: the "
                                   f"smallest needs {least} bytes of shared memory, the limit is {limit}")
         return fitting
 
-    def _enqueue_start(self, study, problem: Problem, grid: list[KernelConfig], ids: Ids) -> None:
+    def _enqueue_start(self, study, problem: Problem, grid: list[Candidate], ids: Ids) -> None:
         """Grid: every valid config once. Otherwise warm start: the built-in default, this
         problem's earlier winners, the Gluon structures that won sweeps somewhere (Hopper) and
         the winners of the nearest tuned problems on this GPU, where the space allows them."""
@@ -364,12 +369,12 @@ class Tuner:
                 seen.add(config)
                 study.enqueue_trial(self._params(config))
 
-    def _params(self, config: KernelConfig) -> dict[str, Any]:
-        return {p.name: config.listed_value(p.name) for p in self.space.parameters}
+    def _params(self, candidate: Candidate) -> dict[str, Any]:
+        return {p.name: candidate.listed_value(p.name) for p in self.space.parameters}
 
     # ------------------------------------------------------------------ trials
     def _prepare(self, study, problem: Problem, ids: Ids, pool: ProcessPoolExecutor, size: int,
-                 outcome: ProblemOutcome, in_flight: set[KernelConfig]) -> list["_Pending"]:
+                 outcome: ProblemOutcome, in_flight: set[Candidate]) -> list["_Pending"]:
         """Ask ``size`` trials; settle the invalid and already-measured ones at once and
         start compiling the rest. A repeat of a config in the batch waits for the first."""
         pending: list[_Pending] = []
@@ -389,7 +394,7 @@ class Tuner:
             if not self._claims.claim(ids, config):  # another live worker is measuring it: wait for its row
                 pending.append(_Pending(trial, config, None, utcnow()))
                 continue
-            future = pool.submit(compile_for_tuning, config, problem, self.target_capability)
+            future = pool.submit(compile_for_tuning, config.config, problem, self.target_capability, config.recipe)
             pending.append(_Pending(trial, config, future, utcnow()))
         return pending
 
@@ -402,27 +407,29 @@ class Tuner:
                     self._reuse(study, item.trial, item.config, previous, outcome)
                     continue
                 item = _Pending(item.trial, item.config,
-                                pool.submit(compile_for_tuning, item.config, problem, self.target_capability),
-                                utcnow())
+                                pool.submit(compile_for_tuning, item.config.config, problem, self.target_capability,
+                                            item.config.recipe), utcnow())
             self._measure(study, item.trial, ids, problem, item.config, _compile_result(item.future, item.config),
                           worker, item.started, outcome)
 
-    def _measure(self, study, trial, ids: Ids, problem: Problem, config: KernelConfig, compiled: CompileResult,
+    def _measure(self, study, trial, ids: Ids, problem: Problem, config: Candidate, compiled: CompileResult,
                  worker: DeviceWorker, started: dt.datetime, outcome: ProblemOutcome) -> None:
         if compiled.status != "ok":
             self._finish(study, trial, ids, config, compiled.status, outcome, started,
                          message=compiled.error, compile_seconds=compiled.seconds)
             return
-        result = worker.run(Job(config, problem, rep_ms=self.options.search_rep_ms), self.options.trial_timeout)
+        result = worker.run(Job(config.config, problem, rep_ms=self.options.search_rep_ms, recipe=config.recipe),
+                            self.options.trial_timeout)
         self._finish(study, trial, ids, config, result.pop("status"), outcome, started,
                      compile_seconds=compiled.seconds, **_measurement_fields(result, problem))
 
-    def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> KernelConfig | None:
-        """The trial's config, or None after recording it as ``invalid_config``."""
+    def _propose(self, trial, problem: Problem, ids: Ids, study, outcome: ProblemOutcome) -> Candidate | None:
+        """The trial's config (FP8: with the recipe it sampled), or None after recording it as
+        ``invalid_config``."""
         params = self.space.suggest(lambda name, choices: trial.suggest_categorical(name, list(choices)), problem)
         trial.set_user_attr("config", json.dumps(params, sort_keys=True))
         try:
-            config = KernelConfig.from_mapping(params)
+            config = Candidate.from_mapping(params, problem.is_fp8)
         except ConfigError as exc:  # not even a config: nothing to store but the trial
             self._finish(study, trial, ids, None, "invalid_config", outcome, utcnow(), message=str(exc))
             return None
@@ -432,14 +439,14 @@ class Tuner:
                          message=f"constraint {broken.text!r} ({broken.where})")
             return None
         if not self._fits(config, problem):
-            need = resources.shared_bytes(config, problem, self.target_capability)
+            need = resources.shared_bytes(config.config, problem, self.target_capability)
             self._finish(study, trial, ids, config, "out_of_resources", outcome, utcnow(),
                          message=f"needs at least {need} bytes of shared memory (estimated before compiling), "
                                  f"limit {SHARED_MEMORY_LIMIT.get(self.target_capability)}")
             return None
         return config
 
-    def _reuse(self, study, trial, config: KernelConfig, previous, outcome: ProblemOutcome) -> None:
+    def _reuse(self, study, trial, config: Candidate, previous, outcome: ProblemOutcome) -> None:
         """Settle ``trial`` with a measurement already stored. ``reused`` counts the configs
         so answered that this run did not measure itself, each once: a repeat of a config
         this run measured (the sampler proposing it again) is neither new nor reused."""
@@ -463,7 +470,7 @@ class Tuner:
         outcome.trials = _distinct(study)
         self.reporter.trial_done(outcome, "reused", config, previous.median_ms)
 
-    def _finish(self, study, trial, ids: Ids, config: KernelConfig | None, status: str, outcome: ProblemOutcome,
+    def _finish(self, study, trial, ids: Ids, config: Candidate | None, status: str, outcome: ProblemOutcome,
                 started: dt.datetime, **fields) -> None:
         """Record the measurement, then tell Optuna; the row is written first so a kill
         between the two loses nothing that was measured."""
@@ -487,7 +494,7 @@ class Tuner:
         outcome.trials = _distinct(study)
         self.reporter.trial_done(outcome, status, config, fields.get("median_ms"))
 
-    def _note_best(self, outcome: ProblemOutcome, config: KernelConfig, ms: float) -> None:
+    def _note_best(self, outcome: ProblemOutcome, config: Candidate, ms: float) -> None:
         if outcome.best_ms is None or ms < outcome.best_ms:
             outcome.best, outcome.best_ms, outcome.best_tflops = config, ms, outcome.problem.tflops(ms)
 
@@ -501,12 +508,12 @@ class Tuner:
             return
         within = [point for point in front if point[2] <= TOLERANCE[problem.dtype]]
         winner, ms, err = within[0] if within else front[-1]
-        points = [FrontPoint(problem, c, t, problem.tflops(t), e, self.gpu, self.software, self.options.max_error,
-                             outcome.study_name) for c, t, e in front]
+        points = [FrontPoint(problem, c.config, t, problem.tflops(t), e, self.gpu, self.software,
+                             self.options.max_error, outcome.study_name, recipe=c.recipe) for c, t, e in front]
         if self.options.record_best:
             save_front(self.db, ids, points, self.options.max_error)
-            save_winner(self.db, ids, Winner(problem, winner, ms, problem.tflops(ms), err, self.gpu, self.software,
-                                             study_name=outcome.study_name))
+            save_winner(self.db, ids, Winner(problem, winner.config, ms, problem.tflops(ms), err, self.gpu,
+                                             self.software, study_name=outcome.study_name, recipe=winner.recipe))
         study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": ms, "ties": 1})
         outcome.best, outcome.best_ms, outcome.best_tflops, outcome.ties = winner, ms, problem.tflops(ms), 1
         outcome.front = points
@@ -520,8 +527,8 @@ class Tuner:
         measured = _study_ranking(study)
         candidates = [config for config, _ in measured[: self.options.retime_top]]
         before, outcome.baseline_source = self.baseline(problem, self.gpu)
-        incumbents = [default_for(problem, self.gpu), before] + [c for p, c in tuned_problems(self.db, self.gpu)
-                                                                 if p == problem]
+        incumbents = [Candidate.of(default_for(problem, self.gpu), problem.is_fp8), before] + [
+            c for p, c in tuned_problems(self.db, self.gpu) if p == problem]
         for config in incumbents:
             if config not in candidates and any(c == config for c, _ in measured):
                 candidates.append(config)
@@ -531,7 +538,7 @@ class Tuner:
         # this study measured may win (the warm start measures the baseline where the space holds it).
         crownable = set(candidates)
         candidates += [before] if before not in candidates else []
-        rounds: dict[KernelConfig, list[dict]] = {c: [] for c in candidates}
+        rounds: dict[Candidate, list[dict]] = {c: [] for c in candidates}
         cudnn: list[dict] | None = [] if not self.gpu.is_interpreter and not problem.decode else None
         # The interpreter's timings mean nothing: one round there keeps CPU runs short.
         rounds_wanted = 1 if self.gpu.is_interpreter else RETIME_ROUNDS
@@ -540,8 +547,8 @@ class Tuner:
             for config in candidates:
                 if round_index and not rounds[config]:
                     continue  # failed its first round: out
-                result = worker.run(Job(config, problem, rep_ms=rep, check=round_index == 0),
-                                    self.options.trial_timeout)
+                result = worker.run(Job(config.config, problem, rep_ms=rep, check=round_index == 0,
+                                        recipe=config.recipe), self.options.trial_timeout)
                 if result["status"] == "ok":
                     rounds[config].append(result)
                 elif round_index == 0:
@@ -573,9 +580,9 @@ class Tuner:
         tolerance = max(NOISE_FLOOR, (fields["p80_ms"] - fields["p20_ms"]) / fields["median_ms"])
         tied = [item for item in timed if item[1]["median_ms"] <= fields["median_ms"] * (1 + tolerance)]
         if self.options.record_best:
-            save_winner(self.db, ids, Winner(problem, winner, fields["median_ms"], fields["tflops"],
+            save_winner(self.db, ids, Winner(problem, winner.config, fields["median_ms"], fields["tflops"],
                                              fields.get("rel_error"), self.gpu, self.software, len(tied),
-                                             study_name=outcome.study_name))
+                                             study_name=outcome.study_name, recipe=winner.recipe))
         study.set_user_attr("winner", {"config": winner.canonical_json(), "median_ms": fields["median_ms"],
                                        "ties": len(tied), "baseline_source": outcome.baseline_source,
                                        "baseline_ms": outcome.baseline_ms, "cudnn_ms": outcome.cudnn_ms})
@@ -583,21 +590,21 @@ class Tuner:
         outcome.ties = len(tied)
 
 
-def pareto_front(points: list[tuple[KernelConfig, float, float]]) -> list[tuple[KernelConfig, float, float]]:
-    """The (config, ms, error) points no other point beats on both time and error, fastest
+def pareto_front(points: list[tuple[Candidate, float, float]]) -> list[tuple[Candidate, float, float]]:
+    """The (candidate, ms, error) points no other point beats on both time and error, fastest
     first (equal points keep the first in canonical-JSON order)."""
-    front: list[tuple[KernelConfig, float, float]] = []
+    front: list[tuple[Candidate, float, float]] = []
     for config, ms, err in sorted(points, key=lambda p: (p[1], p[2], p[0].canonical_json())):
         if not front or err < front[-1][2]:
             front.append((config, ms, err))
     return front
 
 
-def _study_points(study, max_error: float | None) -> list[tuple[KernelConfig, float, float]]:
-    """(config, fastest ms, its error) of a multi-objective study's passing configs."""
-    points: dict[KernelConfig, tuple[float, float]] = {}
+def _study_points(study, max_error: float | None) -> list[tuple[Candidate, float, float]]:
+    """(candidate, fastest ms, its error) of a multi-objective (FP8) study's passing configs."""
+    points: dict[Candidate, tuple[float, float]] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        config = Candidate.from_stored(trial.user_attrs.get("config", "null"), fp8=True)
         ms, err = trial.values
         if config is None or not (math.isfinite(ms) and math.isfinite(err)):
             continue
@@ -606,24 +613,25 @@ def _study_points(study, max_error: float | None) -> list[tuple[KernelConfig, fl
     return [(config, ms, err) for config, (ms, err) in points.items()]
 
 
-def _study_ranking(study) -> list[tuple[KernelConfig, float]]:
-    """(config, fastest search-phase ms) of the configs this study measured (or answered
-    from the database), fastest first. Only the study's own configs: a baseline study
-    must not crown a faster config that another study measured on the same problem."""
-    best: dict[KernelConfig, float] = {}
+def _study_ranking(study) -> list[tuple[Candidate, float]]:
+    """(config, fastest search-phase ms) of the configs this (single-objective, so not FP8)
+    study measured (or answered from the database), fastest first. Only the study's own
+    configs: a baseline study must not crown a faster config that another study measured on
+    the same problem."""
+    best: dict[Candidate, float] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        config = KernelConfig.from_stored(trial.user_attrs.get("config", "null"))
+        config = Candidate.from_stored(trial.user_attrs.get("config", "null"), fp8=False)
         ms = trial.values[0] if trial.values else None
         if config is not None and ms is not None and math.isfinite(ms):
             best[config] = min(ms, best.get(config, math.inf))
     return sorted(best.items(), key=lambda item: (item[1], item[0].canonical_json()))
 
 
-def _study_winner(study) -> tuple[KernelConfig, float, int, dict] | None:
+def _study_winner(study, fp8: bool) -> tuple[Candidate, float, int, dict] | None:
     """The winner this study picked last time, if its config is still valid, with what it
     was compared with (baseline_source, baseline_ms, cudnn_ms; absent in older studies)."""
     winner = study.user_attrs.get("winner")
-    config = KernelConfig.from_stored(winner["config"]) if isinstance(winner, dict) else None
+    config = Candidate.from_stored(winner["config"], fp8) if isinstance(winner, dict) else None
     if config is None:
         return None
     compared = {k: winner.get(k) for k in ("baseline_source", "baseline_ms", "cudnn_ms")}
@@ -653,16 +661,16 @@ class _Pending:
     """A trial whose config is compiling (``future``), or a repeat waiting for its twin."""
 
     trial: Any
-    config: KernelConfig
+    config: Candidate
     future: Future | None
     started: dt.datetime
 
 
-def _compile_result(future: Future, config: KernelConfig) -> CompileResult:
+def _compile_result(future: Future, config: Candidate) -> CompileResult:
     try:
         return future.result()
     except Exception as exc:  # a worker died compiling: the config's fault until shown otherwise
-        return CompileResult(config, "compile_error", 0.0, (), f"compiler process failed: {exc}")
+        return CompileResult(config.config, "compile_error", 0.0, (), f"compiler process failed: {exc}")
 
 
 def _finished(study) -> int:

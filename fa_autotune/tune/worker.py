@@ -17,6 +17,7 @@ from ..errors import ConfigError, KernelCompileError, KernelResourceError
 from ..processes import device_server
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from ..spec.recipe import Fp8Recipe
 from .inputs import TrialInputs
 from .measure import check_and_time_cudnn, check_correct, time_config
 
@@ -29,6 +30,7 @@ class Job:
     seed: int | None = None
     check: bool = True  # re-timing rounds after the first skip the correctness gate
     baseline: str | None = None  # "cudnn": SDPA's cuDNN backend, the yardstick a tune reports against
+    recipe: Fp8Recipe | None = None  # FP8 problems: how the trial's inputs are quantized
 
 
 # An FP8 result this far from float32 is broken, not merely coarse; within it, the error is
@@ -54,7 +56,7 @@ def execute(job: Job, device: str) -> dict[str, Any]:
         result: dict[str, Any] = {}
         if job.baseline is not None:
             return _execute_baseline(job, device, start)
-        inputs = TrialInputs.build(job.config, job.problem, device, job.seed)
+        inputs = TrialInputs.build(job.config, job.problem, device, job.seed, job.recipe)
         report = check_correct(job.config, job.problem, inputs) if job.check else None
         if report is not None:
             result = {"max_abs_error": report.max_abs if report.finite else None,

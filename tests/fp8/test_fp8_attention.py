@@ -252,12 +252,13 @@ def test_dispatched_sink_tile_runs_unspecialized(device, monkeypatch):
     from fa_autotune.runtime import api, dispatch
     from fa_autotune.runtime.select import for_sink_tile
     from fa_autotune.spec.config import KernelConfig
+    from fa_autotune.spec.recipe import Fp8Recipe
 
     specialized = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, access="tensor_desc",
                                causal_mode="split", warp_specialize=True, persistent=1)
     assert for_sink_tile(specialized) == specialized.with_(warp_specialize=False, persistent=0, access="pointer",
                                                            num_stages=3)
-    chosen = dispatch.Choice(specialized, "database", None, 0.0, "test")
+    chosen = dispatch.Choice(specialized, "database", None, 0.0, "test", Fp8Recipe())
     monkeypatch.setattr(dispatch.DISPATCHER, "choose_fp8", lambda *a, **kw: chosen)
     ran = []
     real = api.run

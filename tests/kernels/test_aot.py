@@ -84,7 +84,7 @@ def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
     for (p, config), result in results.items():
         if p == problem:
             (kernel,) = result.kernels
-            assert kernel.kernel == config.kernel_config().name and kernel.mma, kernel
+            assert kernel.kernel == config.name and kernel.mma, kernel
             assert all(kind.endswith(operands) for kind in kernel.mma), kernel.mma
 
 

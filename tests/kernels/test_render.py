@@ -214,15 +214,15 @@ def test_gluon_forward_branches_are_constexpr(change, constants):
 
 def test_fp8_recipes_of_one_kernel_share_its_module():
     """The FP8 recipe (scaling, Hadamard) decides how inputs are quantized, not the kernel's
-    code: every recipe renders, caches and imports one module, named for the kernel."""
-    from fa_autotune.spec.config import RECIPE_FIELDS
+    code: it is no template parameter, so every recipe a kernel runs with shares the one module
+    named for the kernel, while the candidates (config and recipe) still spell their recipe."""
+    from fa_autotune.spec.candidate import Candidate
+    from fa_autotune.spec.recipe import Fp8Recipe
 
     base = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-    recipes = [base.with_(fp8_scaling=s, fp8_hadamard=h) for s in ("per_tensor", "per_head", "per_block")
-               for h in (True, False)]
-    assert len({c.name for c in recipes}) == len(recipes)  # the configs still spell their recipe
-    rendered = {render.render(c).sha256 for c in recipes}
-    assert len(rendered) == 1 and render.render(recipes[0]).name == base.name
-    assert len({id(render.load_module(c)) for c in recipes}) == 1
-    assert all(getattr(c.kernel_config(), f) == getattr(base, f) for c in recipes for f in RECIPE_FIELDS)
-    assert base.with_(BLOCK_N=64).kernel_config() != base.kernel_config()
+    candidates = [Candidate(base, Fp8Recipe(s, h)) for s in ("per_tensor", "per_head", "per_block")
+                  for h in (True, False)]
+    assert len({c.name for c in candidates}) == len({c.key for c in candidates}) == len(candidates)
+    assert {c.config for c in candidates} == {base} and render.render(base).name == base.name
+    with pytest.raises(TypeError, match="takes a KernelConfig"):
+        render.render(candidates[0])

@@ -83,6 +83,6 @@ def test_sm90_constraints_rule_out_what_does_not_compile_past_head_dim_128():
     ws, reg = compile_many([warp_specialized, capped], problem, HOPPER, jobs=1)
     assert ws.status == "out_of_resources" and ws.shared_bytes > LIMIT, (ws.status, ws.error)
     assert reg.status == "compile_error", reg.status
-    names = {config.name for config in load_space("fwd").for_arch("sm90").grid(problem)}
+    names = {candidate.name for candidate in load_space("fwd").for_arch("sm90").grid(problem)}
     assert not any("_ws" in name or "_r128" in name for name in names)
     assert warp_specialized.name.replace("_ws", "") in names and capped.name.replace("_r128", "") in names

@@ -13,9 +13,11 @@ import torch
 
 import fa_autotune
 from fa_autotune.runtime import api, dispatch, files
+from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.config import KernelConfig
-from fa_autotune.errors import ConfigFileError
+from fa_autotune.errors import ConfigError, ConfigFileError
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.recipe import Fp8Recipe
 from fa_autotune.spec.target import GpuInfo, SoftwareInfo, interpreter_gpu
 from fa_autotune.spec.tuned import FrontPoint, Winner
 from helpers import assert_close_to_reference, make_qkv
@@ -342,18 +344,19 @@ def test_fp8_dispatch_reads_only_the_newest_front(tmp_path, monkeypatch):
     monkeypatch.setenv("FA_AUTOTUNE_DB", url)
     db = connect(url)
     problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
-    old_fast = KernelConfig(BLOCK_M=32, BLOCK_N=32, fp8_scaling="per_tensor", fp8_hadamard=False)
-    new = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    kernel = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    old_fast, new = Candidate(kernel, Fp8Recipe("per_tensor", False)), Candidate(kernel, Fp8Recipe())
     for sw, front in ((SoftwareInfo("3.6.0", "2.13", "", "0.1.0", "old"), [(old_fast, 1.0, 9.0, 0.08)]),
                       (SoftwareInfo("3.6.0", "2.13", "", "0.1.0", "new"), [(new, 1.5, 6.0, 0.04)])):
-        points = [FrontPoint(problem, c, ms, t, e, interpreter_gpu(), sw) for c, ms, t, e in front]
+        points = [FrontPoint(problem, c.config, ms, t, e, interpreter_gpu(), sw, recipe=c.recipe)
+                  for c, ms, t, e in front]
         save_front(db, identities(db, problem, interpreter_gpu(), sw), points, None)
     db.dispose()
     dispatch.DISPATCHER.reset()
-    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.1).config == new
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.1).candidate == new
     # A recipe no front point has falls back to the general chain, with that recipe.
-    choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, recipe=("per_head", None))
-    assert choice.source != "pareto" and choice.config.fp8_scaling == "per_head"
+    choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, scaling="per_head")
+    assert choice.source != "pareto" and choice.recipe == Fp8Recipe("per_head", True)
     dispatch.DISPATCHER.reset()
 
 
@@ -367,29 +370,32 @@ def test_fp8_fronts_travel_in_exported_files(tmp_path, monkeypatch):
 
     db = connect(f"sqlite:///{tmp_path / 'tuned.sqlite'}")
     problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
-    fast = KernelConfig(BLOCK_M=32, BLOCK_N=32, fp8_scaling="per_tensor", fp8_hadamard=False)
-    accurate = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    kernel = KernelConfig(BLOCK_M=32, BLOCK_N=32)
+    fast, accurate = Candidate(kernel, Fp8Recipe("per_tensor", False)), Candidate(kernel, Fp8Recipe())
     ids = identities(db, problem, interpreter_gpu(), SW)
     gpu = interpreter_gpu()
-    save_front(db, ids, [FrontPoint(problem, fast, 1.0, 9.0, 0.12, gpu, SW), FrontPoint(problem, accurate, 1.5, 6.0,
-                                                                                      0.04, gpu, SW)], 0.3)
-    save_winner(db, ids, Winner(problem, accurate, 1.5, 6.0, 0.04, gpu, SW, study_name="s"))
+    save_front(db, ids, [FrontPoint(problem, kernel, 1.0, 9.0, 0.12, gpu, SW, recipe=fast.recipe),
+                         FrontPoint(problem, kernel, 1.5, 6.0, 0.04, gpu, SW)], 0.3)
+    save_winner(db, ids, Winner(problem, kernel, 1.5, 6.0, 0.04, gpu, SW, study_name="s"))
     out = tmp_path / "exported"
     (path,) = files.export(db, out)
     entry = json.loads(path.read_text())["entries"][problem.key]
     assert [p["rel_error"] for p in entry["pareto"]] == [0.12, 0.04]
+    # the recipe among the config's parameters, as files wrote it before it was a record of its own
+    assert [p["config"].get("fp8_scaling") for p in entry["pareto"]] == ["per_tensor", None]
+    assert entry["pareto"][0]["config"]["fp8_hadamard"] is False and "fp8_scaling" not in entry["config"]
 
     fresh = connect(f"sqlite:///{tmp_path / 'fresh.sqlite'}")
     assert files.import_files(fresh, [path]) == 1
-    assert [p.config for p in pareto(fresh)] == [fast, accurate]
+    assert [p.candidate for p in pareto(fresh)] == [fast, accurate]
 
     monkeypatch.setenv("FA_AUTOTUNE_CONFIG_DIR", str(out))
     dispatch.DISPATCHER.reset()
     choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.2)
-    assert (choice.config, choice.source, choice.origin) == (fast, "pareto", str(path))
-    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.05).config == accurate
+    assert (choice.candidate, choice.source, choice.origin) == (fast, "pareto", str(path))
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, max_error=0.05).candidate == accurate
     # No budget named: e4m3's tolerance (0.1) rules out the faster point's 0.12.
-    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0).config == accurate
+    assert dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0).candidate == accurate
 
 
 def test_winners_tuned_under_other_templates_keep_serving(tmp_path, monkeypatch):
@@ -553,3 +559,91 @@ def test_the_shipped_h200_decode_file_loads_and_serves(monkeypatch):
     near = Problem(2, 32, 8, 1, 100000, 128, "bfloat16", kind="decode", page_size=32)
     choice = dispatch.DISPATCHER.choose(near, "cuda", 0)
     assert choice.source == "shipped" and choice.matched.page_size in (16, 128) and choice.config.loop_order == "decode"
+
+
+def test_a_tuned_fp8_recipe_travels_from_the_store_to_the_quantizer(tmp_path, monkeypatch):
+    """store -> export -> a dispatcher reading only the exported file -> attention_fp8 in the
+    interpreter: the chosen front point's kernel runs on inputs quantized with that point's
+    recipe, a caller's hadamard= / scaling= pick among the recipes (a recipe no point has: the
+    tuned kernel with that recipe), and the output is accurate."""
+    from fa_autotune.store import connect
+    from fa_autotune.store.records import identities
+    from fa_autotune.store.tuned import save_front, save_winner
+
+    problem = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    fast = Candidate(KernelConfig(BLOCK_M=32, BLOCK_N=32, num_stages=2), Fp8Recipe("per_head", False))
+    accurate = Candidate(KernelConfig(BLOCK_M=16, BLOCK_N=32), Fp8Recipe())
+    db = connect(f"sqlite:///{tmp_path / 'tuned.sqlite'}")
+    gpu = interpreter_gpu()
+    ids = identities(db, problem, gpu, SW)
+    save_front(db, ids, [FrontPoint(problem, c.config, ms, 1.0, err, gpu, SW, recipe=c.recipe)
+                         for c, ms, err in ((fast, 1.0, 0.03), (accurate, 2.0, 0.01))], 0.3)
+    save_winner(db, ids, Winner(problem, fast.config, 1.0, 1.0, 0.03, gpu, SW, recipe=fast.recipe))
+    (path,) = files.export(db, tmp_path / "exported")
+    db.dispose()
+    monkeypatch.setenv("FA_AUTOTUNE_CONFIG_DIR", str(path.parent))
+    dispatch.DISPATCHER.reset()
+
+    quantized, ran = [], []
+    quantize, run = api.quantize_fp8, api.run
+    monkeypatch.setattr(api, "quantize_fp8", lambda *a, **kw: quantized.append((kw["scaling"], kw["hadamard"]))
+                        or quantize(*a, **kw))
+    monkeypatch.setattr(api, "run", lambda config, *a: ran.append(config) or run(config, *a))
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32)
+    out = fa_autotune.attention_fp8(q, k, v)
+    assert (quantized[-1], ran[-1]) == (("per_head", False), fast.config)
+    _assert_fp8_close(out, q, k, v)
+    fa_autotune.attention_fp8(q, k, v, hadamard=True)  # only the accurate point rotates
+    assert (quantized[-1], ran[-1]) == (("per_block", True), accurate.config)
+    with pytest.warns(RuntimeWarning, match="within max_error"):  # none within: the most accurate
+        fa_autotune.attention_fp8(q, k, v, max_error=0.001)
+    assert (quantized[-1], ran[-1]) == (("per_block", True), accurate.config)
+    fa_autotune.attention_fp8(q, k, v, scaling="per_tensor")  # no such point: the winner, requantized
+    assert (quantized[-1], ran[-1]) == (("per_tensor", False), fast.config)
+    x = fa_autotune.quantize_fp8(q, k, v, scaling="per_head", hadamard=False)
+    fa_autotune.attention_fp8(x)  # inputs quantized already: the fastest point of their recipe
+    assert ran[-1] == fast.config
+
+
+def test_a_recipe_given_with_a_config_is_honoured_or_refused(monkeypatch):
+    """attention_fp8 takes a config mapping with a recipe among its parameters (as stored
+    configs and `query pareto` list them) and quantizes with it; for inputs quantized
+    already the recipe must be theirs. Where no recipe can apply (attention(), render), a
+    recipe other than the default is a ConfigError saying it is given separately."""
+    quantized = []
+    quantize = api.quantize_fp8
+    monkeypatch.setattr(api, "quantize_fp8", lambda *a, **kw: quantized.append((kw["scaling"], kw["hadamard"]))
+                        or quantize(*a, **kw))
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32)
+    small = {"BLOCK_M": 32, "BLOCK_N": 32}
+    out = fa_autotune.attention_fp8(q, k, v, config=dict(small, fp8_scaling="per_tensor"))
+    assert quantized[-1] == ("per_tensor", True)
+    _assert_fp8_close(out, q, k, v)
+    fa_autotune.attention_fp8(q, k, v, config=small)  # no recipe named: the default one
+    assert quantized[-1] == ("per_block", True)
+    fa_autotune.attention_fp8(q, k, v, config=dict(small, fp8_scaling="per_tensor"), scaling="per_head")
+    assert quantized[-1] == ("per_head", True)  # the call's own arguments win
+    pareto_row = Candidate(KernelConfig(**small), Fp8Recipe("per_head", False)).to_dict()
+    fa_autotune.attention_fp8(q, k, v, config=pareto_row)
+    assert quantized[-1] == ("per_head", False)
+
+    x = fa_autotune.quantize_fp8(q, k, v, scaling="per_head", block_q=32, block_k=32)
+    fa_autotune.attention_fp8(x, config=dict(small, fp8_scaling="per_head", fp8_hadamard=True))
+    with pytest.raises(ConfigError, match="fp8_scaling: config names the recipe .*per_tensor.* quantized with") as info:
+        fa_autotune.attention_fp8(x, config=dict(small, fp8_scaling="per_tensor"))
+    assert info.value.parameter == "fp8_scaling"
+    with pytest.raises(ConfigError, match="fp8_hadamard"):
+        fa_autotune.attention_fp8(x, config=dict(small, fp8_hadamard=False))
+
+    q16, k16, v16 = make_qkv(1, 2, 2, 24, 24, 16)
+    with pytest.raises(ConfigError, match="fp8_scaling: the FP8 quantization recipe is not a kernel parameter"):
+        fa_autotune.attention(q16, k16, v16, config={"BLOCK_M": 16, "BLOCK_N": 16, "fp8_scaling": "per_tensor"})
+    legacy = dict(KernelConfig(BLOCK_M=16, BLOCK_N=16).to_dict(), fp8_scaling="per_block", fp8_hadamard=True)
+    assert_close_to_reference(fa_autotune.attention(q16, k16, v16, config=legacy), q16, k16, v16)
+
+
+def _assert_fp8_close(out, q, k, v):
+    from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
+
+    report = compare(out.float(), reference_attention(q.float(), k.float(), v.float())[0])
+    assert report.finite and report.rel <= TOLERANCE["float8_e4m3fn"], report

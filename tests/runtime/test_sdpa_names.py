@@ -79,7 +79,7 @@ def test_varlen_and_kvcache_take_scale_and_is_causal():
 def test_public_namespace_lists_the_api_only():
     names = dir(fa_autotune)
     for public in ("attention", "attention_fp8", "attention_varlen", "attention_with_kvcache", "explain",
-                   "quantize_fp8", "InputError", "ConfigError", "KernelConfig"):
+                   "quantize_fp8", "InputError", "ConfigError", "KernelConfig", "Fp8Recipe"):
         assert public in names and public in fa_autotune.__all__
         assert getattr(fa_autotune, public) is not None
     for private in ("Any", "annotations", "_typing"):

@@ -16,6 +16,11 @@ HOPPER = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
 AMPERE = GpuInfo("NVIDIA A100", "8.0", 108, 1, "1")
 
 
+def _kernels(space: str, problem: Problem) -> set:
+    """The kernel configs of a space's Hopper grid on ``problem`` (its candidates' configs)."""
+    return {candidate.config for candidate in load_space(space).for_arch("sm90").grid(problem)}
+
+
 @pytest.mark.parametrize("head_dim", [80, 96, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_hopper_prefill_defaults_to_gluon(head_dim, dtype):
@@ -52,7 +57,7 @@ def test_wide_head_dims_default_to_gluon_past_128(head_dim, dtype):
     assert first == GLUON_WIDE and second.language == "triton"
     candidates = gluon_candidates(problem, (9, 0))
     assert candidates[0] == GLUON_WIDE and not any(c.persistent for c in candidates)
-    grid = set(load_space("fwd").for_arch("sm90").grid(problem))
+    grid = _kernels("fwd", problem)
     assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
 
 
@@ -81,7 +86,7 @@ def test_gluon_warm_start_candidates_are_in_the_hopper_space(problem):
     assert any(c.exp2_emu for c in candidates) == (problem.head_dim <= 64)
     assert any(c.half_step for c in candidates) == (problem.causal and problem.head_dim <= 64)
     assert any(c.rescale_threshold for c in candidates) == (problem.head_dim > 64)
-    grid = set(load_space("fwd").for_arch("sm90").grid(problem))
+    grid = _kernels("fwd", problem)
     assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
     assert gluon_candidates(problem, (8, 0)) == gluon_candidates(problem, None) == []
     assert gluon_candidates(Problem(2, 16, 16, 1024, 1024, 128, "float32"), (9, 0)) == []
@@ -97,7 +102,7 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
     full = Problem(4, 16, 16, 4096, 4096, 128, dtype, kind="bwd")
     assert backward_default(full, (9, 0)) == GLUON_BACKWARD.with_(persistent=1, dynamic=True)
-    assert backward_default(full, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(full))
+    assert backward_default(full, (9, 0)) in _kernels("bwd", full)
     assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
     assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and GLUON_BACKWARD.dq_atomic
     assert not GLUON_BACKWARD_TWO_PASS.dq_atomic and GLUON_BACKWARD_TWO_PASS.language == "gluon"
@@ -105,14 +110,14 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     first, second = defaults_for(d128, HOPPER)
     assert first == GLUON_BACKWARD and second == backward_default(d128, (9, 0), gluon=False)
     for problem in (d64, d128):  # the tuner's space holds them
-        assert backward_default(problem, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(problem))
+        assert backward_default(problem, (9, 0)) in _kernels("bwd", problem)
     short = Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd")
     assert backward_default(short, (9, 0)).language == "gluon"
     # causal GQA: a query head per program (the power of two covering the group, at most 8)
     for hq, hkv, split in ((32, 8, 4), (28, 4, 8), (24, 8, 4), (64, 4, 8), (32, 16, 2)):
         gqa = Problem(1, hq, hkv, 3000, 3000, 128, dtype, causal=True, kind="bwd")
         assert backward_default(gqa, (9, 0)) == GLUON_BACKWARD.with_(group_split=split), (hq, hkv)
-        assert backward_default(gqa, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(gqa))
+        assert backward_default(gqa, (9, 0)) in _kernels("bwd", gqa)
     assert backward_default(short, (9, 0)).group_split == 1  # without a mask: one program per group
     tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
     assert backward_default(tiny, (9, 0)).language == "triton"
@@ -120,11 +125,11 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     for d in (160, 192, 256):
         wide = Problem(4, 8, 8, 4096, 4096, d, dtype, causal=True, kind="bwd")
         assert backward_default(wide, (9, 0)) == GLUON_WIDE_BACKWARD
-        assert backward_default(wide, (9, 0)) in set(load_space("bwd").for_arch("sm90").grid(wide))
+        assert backward_default(wide, (9, 0)) in _kernels("bwd", wide)
         assert wide_backward_error(GLUON_WIDE_BACKWARD) is None
     gqa = Problem(1, 32, 4, 4096, 4096, 256, dtype, causal=True, kind="bwd")
     assert backward_default(gqa, (9, 0)) == GLUON_WIDE_BACKWARD.with_(group_split=8)
-    assert all(wide_backward_error(c) is None for c in load_space("bwd").for_arch("sm90").grid(gqa)
+    assert all(wide_backward_error(c) is None for c in _kernels("bwd", gqa)
                if c.language == "gluon")
     d256 = Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd")
     for problem, capability, gluon in ((d128, (9, 0), False), (d128, (8, 0), True), (d128, None, True),

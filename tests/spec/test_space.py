@@ -5,11 +5,18 @@ import dataclasses
 import pytest
 
 from fa_autotune.errors import SearchSpaceError
+from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.recipe import Fp8Recipe
 from fa_autotune.spec.defaults import backward_default
 from fa_autotune.spec.space import Expression, PARAMETER_NAMES, PROBLEM_NAMES, load_space, parse_space
 
 NAMES = PARAMETER_NAMES + PROBLEM_NAMES
+
+
+def _kernels(space, problem: Problem) -> list:
+    """The kernel configs of ``space``'s grid on ``problem`` (its candidates less their recipes)."""
+    return [candidate.config for candidate in space.grid(problem)]
 
 
 def test_default_space_presets():
@@ -25,22 +32,28 @@ def test_default_space_presets():
 def test_arch_overrides_and_grid():
     space = load_space()
     problem = Problem(4, 16, 16, 4096, 4096, 128, "float16", causal=False)
-    hopper = space.for_arch("sm90").grid(problem)
+    hopper = _kernels(space.for_arch("sm90"), problem)
     assert hopper and all(c.loop_order == "q_outer" for c in hopper)  # kv_outer/split_kv excluded at N=4096
     assert any(c.warp_specialize for c in hopper) and any(c.access == "tensor_desc" for c in hopper)
     assert all(c.num_stages == 2 for c in hopper if c.warp_specialize)
-    # a persistent grid only under warp specialization or in Gluon; the FP8 knobs stay at their defaults
+    # a persistent grid only under warp specialization or in Gluon; the FP8 knobs stay at their
+    # defaults, and a problem that is not FP8 has no recipe
     assert any(c.persistent for c in hopper)
     assert all(c.warp_specialize or c.language == "gluon" for c in hopper if c.persistent)
     assert {(c.fp8_pv, c.tile_order) for c in hopper} == {("separate", "seq")}
+    assert {c.recipe for c in space.for_arch("sm90").grid(problem)} == {None}
     fp8 = space.for_arch("sm90").grid(problem.with_dtype("float8_e4m3fn"))
-    assert {c.fp8_pv for c in fp8} == {"separate", "inplace"} and {c.tile_order for c in fp8} == {"seq", "head"}
-    assert all(c.loop_order == "q_outer" and c.BLOCK_N >= 32 for c in fp8)
-    assert not any(c.fp8_pv == "inplace" and c.fp8_scaling == "per_block" for c in fp8)
-    ampere = space.for_arch("sm80").grid(problem)
+    kernels = [c.config for c in fp8]
+    assert {c.fp8_pv for c in kernels} == {"separate", "inplace"} and {c.tile_order for c in kernels} == {"seq", "head"}
+    assert all(c.loop_order == "q_outer" and c.BLOCK_N >= 32 for c in kernels)
+    # the recipe is searched beside the kernel, and a constraint may read both
+    assert {c.recipe for c in fp8} == {Fp8Recipe(s, h) for s in ("per_tensor", "per_head", "per_block")
+                                       for h in (False, True)}
+    assert not any(c.config.fp8_pv == "inplace" and c.recipe.scaling == "per_block" for c in fp8)
+    ampere = _kernels(space.for_arch("sm80"), problem)
     assert ampere and not any(c.access == "tensor_desc" or c.warp_specialize for c in ampere)
     decode = Problem(1, 32, 8, 1, 8192, 128, "float16")
-    assert any(c.loop_order == "split_kv" and c.num_splits > 1 for c in space.for_arch("sm90").grid(decode))
+    assert any(c.loop_order == "split_kv" and c.num_splits > 1 for c in _kernels(space.for_arch("sm90"), decode))
 
 
 def test_conditional_parameters_take_their_fallback():
@@ -120,7 +133,7 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     other architectures, FP8 and fp32 problems get Triton kernels only."""
     space = load_space()
     problem = Problem(4, 16, 16, 4096, 4096, 128, "bfloat16", causal=True)
-    hopper = space.for_arch("sm90").grid(problem)
+    hopper = _kernels(space.for_arch("sm90"), problem)
     gluon = [c for c in hopper if c.language == "gluon"]
     assert gluon and len(gluon) < len(hopper)
     assert all(c.access == "tensor_desc" and c.num_warps == 4 and c.consumers == 2 and c.BLOCK_M == 64 for c in gluon)
@@ -130,7 +143,8 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     assert {c.causal_mode for c in gluon} == {"split", "masked"}
     assert {c.one_loop for c in gluon} == {False, True} and all(c.causal_mode == "split" for c in gluon if c.one_loop)
     assert not any(c.one_loop for c in hopper if c.language == "triton")
-    d64 = [c for c in space.for_arch("sm90").grid(dataclasses.replace(problem, head_dim=64)) if c.language == "gluon"]
+    d64 = [c for c in _kernels(space.for_arch("sm90"), dataclasses.replace(problem, head_dim=64))
+           if c.language == "gluon"]
     assert {(c.consumers, c.consumer_regs) for c in d64} == {(2, 232), (2, 240), (3, 160)}
     assert {c.pingpong for c in d64 if c.consumers == 3} == {False, True}  # turns round three consumers too
     # part of the exp2 on the FMA units only where the MUFU unit bounds the step (D <= 64)
@@ -139,9 +153,9 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     # lazy rescaling by warps: every Gluon forward searches it, Triton's (0.94x) never
     assert {c.rescale_threshold for c in gluon} == {0, 8}
     assert not any(c.rescale_threshold for c in hopper if c.language == "triton")
-    assert not any(c.language == "gluon" for c in space.for_arch("sm80").grid(problem))
+    assert not any(c.language == "gluon" for c in _kernels(space.for_arch("sm80"), problem))
     for dtype in ("float32", "float8_e4m3fn"):
-        assert not any(c.language == "gluon" for c in space.for_arch("sm90").grid(problem.with_dtype(dtype)))
+        assert not any(c.language == "gluon" for c in _kernels(space.for_arch("sm90"), problem.with_dtype(dtype)))
 
 
 # ---- every bad constraint the promised error, at bounded cost (issue 14)
@@ -212,15 +226,15 @@ def test_decode_space_and_presets():
     for arch in ("sm90", "interpreter"):
         resolved = space.for_arch(arch)
         for problem in serving[:3] + spec[:1]:
-            grid = resolved.grid(problem)
+            grid = _kernels(resolved, problem)
             assert grid and all(c.loop_order == "decode" for c in grid)
             assert all(c.num_splits * c.BLOCK_N <= problem.seqlen_k for c in grid)
             assert not any(c.persistent for c in grid) and any(c.num_splits > 1 for c in grid)
             # TMA for a contiguous cache with 16-byte rows only
             assert {c.access for c in grid} == ({"pointer", "tensor_desc"} if not problem.page_size else {"pointer"})
     odd = Problem(2, 8, 2, 1, 4096, 20, "float16", kind="decode")
-    assert {c.access for c in space.for_arch("sm90").grid(odd)} == {"pointer"}
-    assert {c.access for c in space.for_arch("sm80").grid(serving[0])} == {"pointer"}
+    assert {c.access for c in _kernels(space.for_arch("sm90"), odd)} == {"pointer"}
+    assert {c.access for c in _kernels(space.for_arch("sm80"), serving[0])} == {"pointer"}
 
 
 def test_page_size_only_in_decode_spaces():
@@ -239,7 +253,7 @@ def test_backward_space_and_presets():
     problems = space.presets["llm-prefill"].problems
     assert len(problems) == 24 and all(p.backward and p.key.endswith("_bwd") for p in problems)
     for arch in ("sm90", "interpreter"):
-        grid = space.for_arch(arch).grid(problems[0])
+        grid = _kernels(space.for_arch(arch), problems[0])
         assert grid and all(c.loop_order == "backward" for c in grid)
         assert {c.dq_atomic for c in grid} == {False, True}
         # the dQ pass has its own shapes, and the built-in default is a point of the grid (so a
@@ -247,33 +261,31 @@ def test_backward_space_and_presets():
         assert len({c.dq_pass() for c in grid if not c.dq_atomic}) > 1
         capability = None if arch == "interpreter" else (9, 0)
         for problem in (problems[0], Problem(1, 8, 8, 512, 512, 256, "bfloat16", kind="bwd")):
-            assert backward_default(problem, capability) in space.for_arch(arch).grid(problem), (arch, problem.key)
+            assert backward_default(problem, capability) in _kernels(space.for_arch(arch), problem), (arch, problem.key)
     # Hopper: the Gluon pass beside the Triton kernels (both built-in defaults are grid points,
     # at D=64 with dQ inside it, at D=128 with the dQ pass), never for fp32
     hopper = space.for_arch("sm90")
     for problem in (problems[0], next(p for p in problems if p.head_dim == 128)):
-        grid = hopper.grid(problem)
+        grid = _kernels(hopper, problem)
         assert {c.language for c in grid} == {"triton", "gluon"}
         assert {c.dq_atomic for c in grid if c.language == "gluon"} == {False, True}
         for gluon in (True, False):
             assert backward_default(problem, (9, 0), gluon) in grid, (problem.key, gluon)
     fp32 = Problem(1, 8, 8, 512, 512, 64, "float32", kind="bwd")
-    assert {c.language for c in hopper.grid(fp32)} == {"triton"}
+    assert {c.language for c in _kernels(hopper, fp32)} == {"triton"}
 
 
 @pytest.mark.parametrize("name, arch", [("fwd", "sm80"), ("bwd", "sm90"), ("decode", "sm90")])
 def test_grid_prunes_early_to_the_same_configs(name, arch):
     """The walk drops a branch once a constraint on the parameters set so far fails; the grid
     is the one that checks every constraint on every full combination, in the same order."""
-    from fa_autotune.spec.config import KernelConfig
-
     space = load_space(name).for_arch(arch)
     problem = Problem(2, 32, 8, 1 if name == "decode" else 1000, 1000, 64, "float16", causal=True, kind=name)
     every = []
     for params, active, _ in space._walk(problem, 0, {}, (), frozenset(), [()] * len(space.parameters)):
         if space.violated(params, problem) is None:
             try:
-                every.append(({n: params[n] for n in active}, KernelConfig.from_mapping(params)))
+                every.append(({n: params[n] for n in active}, Candidate.from_mapping(params, problem.is_fp8)))
             except Exception:
                 continue
     assert every and space.grid_rows(problem) == every
@@ -291,7 +303,7 @@ def test_grid_keeps_constraints_in_file_order():
     problem = Problem(1, 2, 2, 64, 64, 64, "float16")
     guarded = parse_space(GUARDED + "  - num_warps != 4 or num_stages > 10\n"
                           "  - BLOCK_M / (num_warps - 4) >= 4\n", "guarded.yaml")
-    assert {(c.BLOCK_M, c.num_warps) for c in guarded.grid(problem)} == {(32, 8), (64, 8)}
+    assert {(c.BLOCK_M, c.num_warps) for c in _kernels(guarded, problem)} == {(32, 8), (64, 8)}
     unguarded = parse_space(GUARDED + "  - BLOCK_M / (num_warps - 4) >= 4\n", "unguarded.yaml")
     with pytest.raises(SearchSpaceError, match="cannot be evaluated"):
         unguarded.grid(problem)
@@ -308,7 +320,7 @@ def test_grid_drops_a_branch_once(monkeypatch):
     evaluate = space_module.Expression.evaluate
     monkeypatch.setattr(space_module.Expression, "evaluate",
                         lambda self, env: seen.append((self.text, env.get("num_warps"))) or evaluate(self, env))
-    assert {c.BLOCK_M for c in space.grid(problem)} == {64} and len(space.grid(problem)) == 4
+    assert {c.BLOCK_M for c in _kernels(space, problem)} == {64} and len(space.grid(problem)) == 4
     seen.clear()
     space.grid(problem)
     # once for BLOCK_M 32 (dropped) and once for 64, before num_warps is set; not per config

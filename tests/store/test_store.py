@@ -5,9 +5,11 @@ import sqlite3
 import pytest
 from sqlalchemy import text
 
+from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.errors import DatabaseError
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.recipe import Fp8Recipe
 from fa_autotune.store import connect, migrations, models
 from fa_autotune.store.db import schema_version
 from fa_autotune.store.queries import Filters, best, pareto, trials
@@ -119,12 +121,13 @@ def test_version_1_database_gains_the_pareto_table(db):
     assert schema_version(upgraded) == models.SCHEMA_VERSION
     fp8 = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
     ids = identities(upgraded, fp8, GPU, SW)
-    fast, exact = KernelConfig(fp8_scaling="per_tensor", fp8_hadamard=False), KernelConfig()
-    save_front(upgraded, ids, [FrontPoint(fp8, fast, 1.0, 10.0, 0.2, GPU, SW),
-                               FrontPoint(fp8, exact, 1.5, 7.0, 0.05, GPU, SW)], 0.3)
-    save_front(upgraded, ids, [FrontPoint(fp8, exact, 1.4, 7.5, 0.05, GPU, SW)], 0.3)  # a re-tune replaces the front
+    fast = Fp8Recipe("per_tensor", False)
+    save_front(upgraded, ids, [FrontPoint(fp8, KernelConfig(), 1.0, 10.0, 0.2, GPU, SW, recipe=fast),
+                               FrontPoint(fp8, KernelConfig(), 1.5, 7.0, 0.05, GPU, SW)], 0.3)
+    save_front(upgraded, ids, [FrontPoint(fp8, KernelConfig(), 1.4, 7.5, 0.05, GPU, SW)], 0.3)  # a re-tune replaces it
     rows = pareto(upgraded)
-    assert [(r.config, r.median_ms, r.max_error) for r in rows] == [(exact, 1.4, 0.3)]
+    assert [(r.candidate, r.median_ms, r.max_error) for r in rows] == [(Candidate(KernelConfig(), Fp8Recipe()), 1.4,
+                                                                          0.3)]
     with upgraded.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM fa_measurements")).scalar() == 1
 
@@ -290,3 +293,47 @@ def test_live_counts_what_every_worker_measured(db):
     (row, empty) = live(db, ["s1", "s2"])
     assert (row.study, row.configs, row.failed, row.best_ms) == ("s1", 2, 1, 1.5)
     assert (empty.configs, empty.failed, empty.best_ms) == (0, 0, None)
+
+
+def test_rows_written_while_the_recipe_was_a_template_parameter_read_with_it(db):
+    """A database an earlier fa_autotune wrote keeps working: its fa_configs rows hold the FP8
+    recipe among the template parameters (as the JSON, hash and name below, copied from a
+    database that version wrote). Winners, fronts and trials read back with the recipe, and a
+    measurement of the same candidate today lands on that row (same hash): nothing migrates,
+    a re-tune answers the trial from it."""
+    fp8 = Problem(1, 2, 2, 64, 64, 32, "float8_e4m3fn")
+    legacy_json = ('{"BLOCK_M":16,"BLOCK_N":32,"access":"pointer","causal_mode":"split","fp8_pv":"inplace",'
+                   '"fp8_scaling":"per_tensor","loop_order":"q_outer","num_splits":1,"num_stages":2,"num_warps":4,'
+                   '"q_tiles":1,"tile_order":"head","warp_specialize":false}')
+    name = "attn_fwd_qouter_m16n32_w4s2_ptr_cband_headmajor_fp8tensor_pvin"
+    ids = identities(db, fp8, GPU, SW)
+    with db.session() as s:
+        row = models.ConfigModel(hash="9f643519ffe888dc", name=name, json=legacy_json)
+        s.add(row)
+        s.flush()
+        s.add(models.MeasurementModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software,
+                                      config_id=row.id, status="ok", median_ms=1.0, rel_error=0.05))
+        s.add(models.BestModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software, config_id=row.id,
+                               median_ms=1.0, tflops=1.0, rel_error=0.05))
+        s.add(models.ParetoModel(problem_id=ids.problem, gpu_id=ids.gpu, software_id=ids.software, config_id=row.id,
+                                 median_ms=1.0, tflops=1.0, rel_error=0.05))
+    candidate = Candidate(KernelConfig(BLOCK_M=16, BLOCK_N=32, num_stages=2, tile_order="head", fp8_pv="inplace"),
+                          Fp8Recipe("per_tensor", True))
+    assert (candidate.key, candidate.name, candidate.canonical_json()) == ("9f643519ffe888dc", name, legacy_json)
+    (winner,) = best(db)
+    (point,) = pareto(db)
+    assert winner.candidate == point.candidate == candidate
+    assert point.as_row()["fp8_scaling"] == "per_tensor" and winner.as_row()["config_name"] == name
+    (trial,) = trials(db)
+    assert trial.config == candidate.to_dict() and trial.config_name == name
+    assert reusable(db, ids, candidate).median_ms == 1.0
+    record(db, ids, candidate, "ok", median_ms=0.9)
+    save_winner(db, ids, Winner(fp8, candidate.config, 0.9, 1.1, 0.05, GPU, SW, recipe=candidate.recipe))
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM fa_configs")).scalar() == 1
+    assert best(db)[0].median_ms == 0.9
+    # the same kernel with the default recipe is another candidate, the kernel's own row
+    record(db, ids, Candidate(candidate.config, Fp8Recipe()), "ok", median_ms=2.0)
+    with db.engine.connect() as conn:
+        keys = {k for (k,) in conn.execute(text("SELECT hash FROM fa_configs"))}
+    assert keys == {"9f643519ffe888dc", candidate.config.key}

@@ -12,6 +12,7 @@ import pytest
 
 from fa_autotune.kernels import resources
 from fa_autotune.kernels.aot import HOPPER
+from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.space import load_space
@@ -30,12 +31,12 @@ SHIPPED = KernelConfig.from_mapping({"language": "gluon", "BLOCK_M": 64, "BLOCK_
                                      "access": "tensor_desc", "consumers": 2, "consumer_regs": 240})
 
 
-def _feasible(problem: Problem) -> tuple[Feasible, set[KernelConfig]]:
-    rows = [(p, c) for p, c in SPACE.grid_rows(problem) if resources.fits(c, problem, HOPPER)]
+def _feasible(problem: Problem) -> tuple[Feasible, set[Candidate]]:
+    rows = [(p, c) for p, c in SPACE.grid_rows(problem) if resources.fits(c.config, problem, HOPPER)]
     return Feasible([p for p, _ in rows]), {c for _, c in rows}
 
 
-def _proposals(problem: Problem, sampler, trials: int = 30) -> list[KernelConfig | None]:
+def _proposals(problem: Problem, sampler, trials: int = 30) -> list[Candidate | None]:
     """What ``sampler`` proposes over ``trials`` trials told a made-up time (None: a
     proposal the space's constraints or config checks refuse)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -45,7 +46,7 @@ def _proposals(problem: Problem, sampler, trials: int = 30) -> list[KernelConfig
         trial = study.ask()
         params = SPACE.suggest(lambda name, choices: trial.suggest_categorical(name, list(choices)), problem)
         try:
-            config = KernelConfig.from_mapping(params)
+            config = Candidate.from_mapping(params, problem.is_fp8)
         except Exception:
             config = None
         if config is None or SPACE.violated(params, problem) is not None:
@@ -106,7 +107,7 @@ def test_a_hopper_tune_spends_no_trial_on_configs_that_cannot_run(tmp_path, kern
     and cuDNN from the same rounds."""
     monkeypatch.setattr(search, "DeviceWorker", _StandIn)
     problem = Problem(1, 2, 2, 512, 512, 128, "float16", causal=False)
-    shipped = SHIPPED
+    shipped = Candidate(SHIPPED)
     tuner = Tuner(connect(f"sqlite:///{tmp_path / 'db.sqlite'}"), load_space("fwd"), H200, detect_software(),
                   TuneOptions(trials=10, jobs=2, seed=1, warm_start=False),
                   baseline=lambda p, gpu: (shipped, "shipped"))
@@ -136,10 +137,10 @@ def test_the_baseline_config_is_timed_but_crowned_only_if_the_study_measured_it(
     problem = Problem(1, 2, 2, 512, 512, 64, "float16", causal=False)
     options = TuneOptions(trials=3, jobs=2, seed=2, warm_start=False, sampler="random")
     tuner = Tuner(connect(f"sqlite:///{tmp_path / 'db.sqlite'}"), load_space("tutorial"), H200, detect_software(),
-                  options, baseline=lambda p, gpu: (SHIPPED, "shipped"))
+                  options, baseline=lambda p, gpu: (Candidate(SHIPPED), "shipped"))
     (outcome,) = tuner.tune([problem])
     assert outcome.baseline_ms == pytest.approx(1e-3)
-    assert outcome.best is not None and outcome.best != SHIPPED
+    assert outcome.best is not None and outcome.best != Candidate(SHIPPED)
 
 
 def test_a_space_where_nothing_fits_is_refused_naming_the_sizes(tmp_path, monkeypatch):
@@ -147,7 +148,7 @@ def test_a_space_where_nothing_fits_is_refused_naming_the_sizes(tmp_path, monkey
     from fa_autotune.spec.space import SearchSpace
 
     too_big = KernelConfig.from_mapping({"BLOCK_M": 128, "BLOCK_N": 128, "num_stages": 4, "q_tiles": 2})
-    monkeypatch.setattr(SearchSpace, "grid_rows", lambda self, problem: [({"BLOCK_M": 128}, too_big)])
+    monkeypatch.setattr(SearchSpace, "grid_rows", lambda self, problem: [({"BLOCK_M": 128}, Candidate(too_big))])
     tuner = Tuner(connect(f"sqlite:///{tmp_path / 'db.sqlite'}"), load_space("fwd"), H200, detect_software(),
                   TuneOptions())
     with pytest.raises(search.FaAutotuneError, match="no config of the search space fits .*d256.*needs 655360 "

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.problem import Problem
+from fa_autotune.spec.recipe import Fp8Recipe
 from fa_autotune.tune.search import SilentReporter, TuneOptions, Tuner, pareto_front
 from fa_autotune.spec.space import load_space
 from fa_autotune.store import connect, queries
@@ -31,7 +33,7 @@ def test_baseline_study_ranks_only_its_own_configs(tuner):
     winner, and the baseline must not replace the dispatcher's choice for the problem."""
     main = tuner("fwd", trials=3)
     (tuned,) = main.tune([PROBLEM])
-    outsider = KernelConfig(loop_order="kv_outer", BLOCK_M=16, BLOCK_N=16, q_tiles=2, num_stages=2)
+    outsider = Candidate(KernelConfig(loop_order="kv_outer", BLOCK_M=16, BLOCK_N=16, q_tiles=2, num_stages=2))
     ids = identities(main.db, PROBLEM, main.gpu, main.software)
     record(main.db, ids, outsider, "ok", phase="search", median_ms=1e-6, tflops=1e6, study_name="other")
     best_before = queries.best(main.db)
@@ -41,8 +43,8 @@ def test_baseline_study_ranks_only_its_own_configs(tuner):
     grid = load_space("tutorial").for_arch("interpreter").grid(PROBLEM)
     assert outcome.best in grid
     retimed = [r for r in queries.trials(main.db) if r.phase == "retime"]
-    assert retimed and all(KernelConfig.from_stored(r.config) != outsider for r in retimed)
-    assert queries.best(main.db) == best_before and best_before[0].config == tuned.best
+    assert retimed and all(Candidate.from_stored(r.config, fp8=False) != outsider for r in retimed)
+    assert queries.best(main.db) == best_before and best_before[0].candidate == tuned.best
 
     (again,) = tuner("tutorial", sampler="grid", study="tutorial", warm_start=False, record_best=False).tune([PROBLEM])
     assert again.best == outcome.best and again.new_trials == 0
@@ -57,15 +59,15 @@ def test_retune_measures_the_incumbent(tuner):
     import optuna
 
     study = optuna.load_study(study_name=outcome.study_name, storage=second.db.optuna_storage())
-    starts = [KernelConfig.from_stored(t.user_attrs["config"]) for t in study.trials[:2]]
+    starts = [Candidate.from_stored(t.user_attrs["config"], fp8=False) for t in study.trials[:2]]
     assert first.best in starts
     retimed = {r.study_name for r in queries.trials(second.db)
-               if r.phase == "retime" and KernelConfig.from_stored(r.config) == first.best}
+               if r.phase == "retime" and Candidate.from_stored(r.config, fp8=False) == first.best}
     assert outcome.study_name in retimed
 
 
 def test_pareto_front_drops_dominated_points():
-    a, b, c, d = (KernelConfig(BLOCK_M=m) for m in (16, 32, 64, 128))
+    a, b, c, d = (Candidate(KernelConfig(BLOCK_M=m), Fp8Recipe()) for m in (16, 32, 64, 128))
     front = pareto_front([(a, 1.0, 0.30), (b, 2.0, 0.10), (c, 2.5, 0.20), (d, 3.0, 0.05)])
     assert front == [(a, 1.0, 0.30), (b, 2.0, 0.10), (d, 3.0, 0.05)]
 
@@ -96,6 +98,11 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
     front = json.loads(subprocess.run(base + ["query", "pareto", "--db", url, "--format", "json"], check=True,
                                       env=env, capture_output=True, text=True).stdout)
     assert front and all(r["problem"].endswith("float8_e4m3fn_full") and r["rel_error"] <= 0.3 for r in front)
+    # the recipe in its columns and among the config's parameters, the name spelling it
+    for r in front:
+        candidate = Candidate.from_mapping(r["config"], fp8=True)
+        assert (r["fp8_scaling"], r["fp8_hadamard"]) == (candidate.recipe.scaling, candidate.recipe.hadamard)
+        assert r["config_name"] == candidate.name and r["config"] == candidate.to_dict()
     times, errors = [r["median_ms"] for r in front], [r["rel_error"] for r in front]
     assert times == sorted(times) and errors == sorted(errors, reverse=True) and len(set(errors)) == len(errors)
 
@@ -106,10 +113,10 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
         choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, budget)
         fits = [r for r in front if r["rel_error"] <= (0.1 if budget is None else budget)]  # None: e4m3's tolerance
         expected = fits[0] if fits else front[-1]  # else the most accurate, the problem's recorded winner
-        assert choice.config == KernelConfig.from_mapping(expected["config"])
+        assert choice.candidate == Candidate.from_mapping(expected["config"], fp8=True)
     with pytest.warns(RuntimeWarning, match="within max_error"):
         choice = dispatch.DISPATCHER.choose_fp8(problem, "cpu", 0, errors[-1] / 2)
-    assert choice.config == KernelConfig.from_mapping(front[-1]["config"])
+    assert choice.candidate == Candidate.from_mapping(front[-1]["config"], fp8=True)
     q, k, v = (torch.randn(1, 2, 64, 32, dtype=torch.float16) for _ in range(3))
     out = api.attention_fp8(q, k, v, max_error=errors[-1])
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
@@ -176,7 +183,8 @@ def test_progress_lines_when_not_on_a_terminal():
     reporter = RichReporter(Console(file=buffer, force_terminal=False))
     problem = Problem(1, 2, 2, 64, 64, 32, "float16")
     reporter.start([problem], 4, interpreter=True)
-    outcome = ProblemOutcome(problem, "s", trials=4, new_trials=4, best=KernelConfig(), best_ms=1.0, best_tflops=0.01)
+    outcome = ProblemOutcome(problem, "s", trials=4, new_trials=4, best=Candidate(KernelConfig()), best_ms=1.0,
+                             best_tflops=0.01)
     reporter.problem_started(0, ProblemOutcome(problem, "s"), 4)
     reporter.problem_finished(outcome)
     reporter.finish([outcome])
@@ -254,6 +262,31 @@ def test_runs_sharing_a_database_spread_over_the_problems(tuner):
         sleeper.kill()
 
 
+def _kernel_starts(problem: Problem, gpu, tuned: list[tuple[Problem, KernelConfig]]) -> list[KernelConfig]:
+    """The kernel configs of :func:`warm_starts` for winners ``tuned`` of problems that are not
+    FP8 (candidates without a recipe)."""
+    from fa_autotune.tune.search import warm_starts
+
+    starts = warm_starts(problem, gpu, [(p, Candidate(c)) for p, c in tuned])
+    assert all(c.recipe is None for c in starts)
+    return [c.config for c in starts]
+
+
+def test_warm_start_keeps_an_fp8_winners_recipe():
+    """An FP8 problem's earlier winner comes back with its recipe; built-in configs with the
+    default one."""
+    from fa_autotune.spec.defaults import defaults_for
+    from fa_autotune.spec.target import GpuInfo
+    from fa_autotune.tune.search import warm_starts
+
+    hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
+    fp8 = Problem(1, 16, 16, 4096, 4096, 128, "float8_e4m3fn")
+    winner = Candidate(KernelConfig(BLOCK_N=128), Fp8Recipe("per_head", False))
+    starts = warm_starts(fp8, hopper, [(fp8, winner)])
+    defaults = defaults_for(fp8, hopper)
+    assert starts[:len(defaults) + 1] == [Candidate(c, Fp8Recipe()) for c in defaults] + [winner]
+
+
 def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     """On Hopper a re-tune of a causal problem measures the default, the incumbent, the
     incumbent with the turns flipped, with lazy rescaling, in sections of 4, 8 and 16 heads
@@ -261,20 +294,19 @@ def test_warm_start_tries_a_causal_persistent_winner_in_other_l2_sections():
     section variants."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
     from fa_autotune.spec.target import GpuInfo
-    from fa_autotune.tune.search import warm_starts
 
     hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
     causal = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16", causal=True)
     incumbent = GLUON_DEFAULT.with_(persistent=1, section=8)
-    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    starts = _kernel_starts(causal, hopper, [(causal, incumbent)])
     defaults = defaults_for(causal, hopper)
     assert starts[:len(defaults) + 5] == defaults + [incumbent, incumbent.with_(pingpong=True),
                                                     incumbent.with_(rescale_threshold=8),
                                                     incumbent.with_(section=4), incumbent.with_(section=16)]
     full = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16")
-    assert not any(c.section for c in warm_starts(full, hopper, [(full, incumbent.with_(section=0))]))
+    assert not any(c.section for c in _kernel_starts(full, hopper, [(full, incumbent.with_(section=0))]))
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
-    assert not any(c.section for c in warm_starts(causal, hopper, [(causal, triton)]))
+    assert not any(c.section for c in _kernel_starts(causal, hopper, [(causal, triton)]))
 
 
 def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
@@ -282,21 +314,20 @@ def test_warm_start_tries_a_d64_causal_steps_in_turn_winner_with_half_steps():
     right after itself; an overlapped one, one at D=128 or one with three consumers is not."""
     from fa_autotune.spec.defaults import GLUON_DEFAULT, defaults_for
     from fa_autotune.spec.target import GpuInfo
-    from fa_autotune.tune.search import warm_starts
 
     hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
     causal = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", causal=True)
     incumbent = GLUON_DEFAULT.with_(overlap=False, one_loop=True, section=16)
-    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    starts = _kernel_starts(causal, hopper, [(causal, incumbent)])
     defaults = defaults_for(causal, hopper)
     assert starts[len(defaults):len(defaults) + 2] == [incumbent, incumbent.with_(half_step=True)]
     overlapped = GLUON_DEFAULT.with_(section=16)
     assert starts.count(incumbent.with_(half_step=True)) == 1
-    assert not any(c.half_step and c.section == 16 for c in warm_starts(causal, hopper, [(causal, overlapped)]))
+    assert not any(c.half_step and c.section == 16 for c in _kernel_starts(causal, hopper, [(causal, overlapped)]))
     d128 = Problem(16, 16, 16, 1024, 1024, 128, "bfloat16", causal=True)
-    assert not any(c.half_step for c in warm_starts(d128, hopper, [(d128, incumbent)]))
+    assert not any(c.half_step for c in _kernel_starts(d128, hopper, [(d128, incumbent)]))
     three = incumbent.with_(consumers=3, consumer_regs=160)  # the space searches half steps with two consumers
-    assert not any(c.half_step for c in warm_starts(causal, hopper, [(causal, three)]) if c.consumers == 3)
+    assert not any(c.half_step for c in _kernel_starts(causal, hopper, [(causal, three)]) if c.consumers == 3)
 
 
 def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
@@ -305,27 +336,26 @@ def test_warm_start_tries_a_two_consumer_gluon_winner_with_the_turns_flipped():
     problems are not."""
     from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT
     from fa_autotune.spec.target import GpuInfo
-    from fa_autotune.tune.search import warm_starts
 
     hopper = GpuInfo("NVIDIA H200", "9.0", 132, 1, "1")
     causal = Problem(16, 32, 32, 1024, 1024, 64, "bfloat16", causal=True)
     incumbent = GLUON_DEFAULT.with_(overlap=False, one_loop=True, persistent=1, section=16)
-    starts = warm_starts(causal, hopper, [(causal, incumbent)])
+    starts = _kernel_starts(causal, hopper, [(causal, incumbent)])
     flipped = [incumbent.with_(pingpong=True), incumbent.with_(half_step=True, pingpong=True)]
     assert all(c in starts for c in flipped)
     assert starts.index(flipped[1]) < starts.index(incumbent.with_(section=4))
     turning = GLUON_DEFAULT.with_(pingpong=True, persistent=1, section=8)
-    assert turning.with_(pingpong=False) in warm_starts(causal, hopper, [(causal, turning)])
+    assert turning.with_(pingpong=False) in _kernel_starts(causal, hopper, [(causal, turning)])
     three = incumbent.with_(consumers=3, consumer_regs=160)  # turns go round three consumers too
-    assert three.with_(pingpong=True) in warm_starts(causal, hopper, [(causal, three)])
+    assert three.with_(pingpong=True) in _kernel_starts(causal, hopper, [(causal, three)])
     triton = KernelConfig(BLOCK_M=64, BLOCK_N=64)
-    assert not any(c.pingpong for c in warm_starts(causal, hopper, [(causal, triton)]) if c.language == "triton")
+    assert not any(c.pingpong for c in _kernel_starts(causal, hopper, [(causal, triton)]) if c.language == "triton")
     backward = Problem(4, 16, 16, 1024, 1024, 128, "bfloat16", causal=True, kind="bwd")
     # forward knobs: the backward kernel has none
     assert not any(c.pingpong or c.rescale_threshold
-                   for c in warm_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
+                   for c in _kernel_starts(backward, hopper, [(backward, GLUON_BACKWARD)]))
     lazy = incumbent.with_(rescale_threshold=8)  # lazy rescaling flipped both ways
-    assert lazy.with_(rescale_threshold=0) in warm_starts(causal, hopper, [(causal, lazy)])
+    assert lazy.with_(rescale_threshold=0) in _kernel_starts(causal, hopper, [(causal, lazy)])
 
 
 def test_a_runs_claims_wait_for_a_live_holder_and_take_over_from_a_dead_one(tmp_path):
@@ -343,7 +373,7 @@ def test_a_runs_claims_wait_for_a_live_holder_and_take_over_from_a_dead_one(tmp_
     db = connect(f"sqlite:///{tmp_path / 'db.sqlite'}")
     ids = identities(db, PROBLEM, GpuInfo("NVIDIA Test GPU", "9.0", 132, 143000, "580"),
                      SoftwareInfo("3.6.0", "2.11.0", "13.0", "0.1.0", "abc"))
-    config, other = KernelConfig(BLOCK_M=16), KernelConfig(BLOCK_M=32)
+    config, other = Candidate(KernelConfig(BLOCK_M=16)), Candidate(KernelConfig(BLOCK_M=32))
     claims = leases.Claims(db, trial_timeout=1.0)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     host = socket.gethostname()
