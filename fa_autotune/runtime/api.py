@@ -373,7 +373,7 @@ def attention_fp8(
     ``hadamard`` say otherwise. A ``config`` given may name a recipe beside its template
     parameters (``fp8_scaling``, ``fp8_hadamard``, as stored configs and ``query pareto`` list
     them; the default recipe where it names none); for inputs quantized already it must be
-    theirs. ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
+    theirs, and ``scaling`` / ``hadamard`` other than theirs are an InputError. ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
     (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
@@ -399,6 +399,10 @@ def attention_fp8(
                              "quantize_fp8(..., sink_tile=True)")
         if sink_tile is False and q.sources is not None:
             inputs = dataclasses.replace(q, sources=None)
+        for name, given, held in (("scaling", scaling, q.scaling), ("hadamard", hadamard, q.hadamard)):
+            if given is not None and given != held:  # their scales are fixed: it would be ignored
+                raise InputError(f"these Fp8Inputs were quantized with {name}={held!r}, not {name}={given!r}: "
+                                 f"quantize again with quantize_fp8(..., {name}={given!r}), or leave {name} out")
         problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
         if not problem.is_fp8:
             raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from .families import Family, family_of
 from .recipe import Fp8Recipe
 
 LOOP_ORDERS = ("q_outer", "kv_outer", "split_kv", "decode", "backward")
@@ -177,6 +178,17 @@ class KernelConfig:
             shown = text if len(text) <= 80 else text[:80] + "…"
             raise ConfigError("config", f"not valid JSON ({exc.msg} at character {exc.pos}): {shown!r}") from None
         return cls.from_mapping(data)
+
+    @property
+    def family(self) -> Family:
+        """The kernel family (template) this config renders: spec.families."""
+        return family_of(self.loop_order, self.language)  # type: ignore[return-value]  # validated
+
+    def parameters(self) -> dict[str, Any]:
+        """The parameters this config's family reads (its loop order and language first): the
+        config without the knobs its kernel ignores, as a user would write it."""
+        names = ("loop_order", "language") + self.family.parameters
+        return {name: getattr(self, name) for name in names}
 
     def dq_pass(self) -> tuple[int, int, int, int]:
         """The backward's dQ pass as (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
@@ -355,6 +367,21 @@ def _validate(cfg: KernelConfig) -> None:
         # Triton 3.6 compiles it only over TMA loads, and on an H200 returned NaN from masked
         # loops and whenever num_stages >= 3 (26 of 26 such tuning trials, 2026-11-29).
         raise ConfigError("warp_specialize", "needs access='tensor_desc', causal_mode='split' and num_stages=2")
+    _validate_family(cfg)
+
+
+def _validate_family(cfg: KernelConfig) -> None:
+    """After the rules above (whose messages say more): a parameter the config's family
+    does not read holds its default, or the family's pinned value (spec.families)."""
+    family = family_of(cfg.loop_order, cfg.language)
+    if family is None:
+        raise ConfigError("loop_order", f"no {cfg.language} kernel has loop_order={cfg.loop_order!r}")
+    reads = set(family.parameters) | {"loop_order", "language"}
+    for f in fields(cfg):
+        wanted = family.pinned.get(f.name, f.default)
+        if f.name not in reads and getattr(cfg, f.name) != wanted:
+            raise ConfigError(f.name, f"the {family.name} kernel ({family.template}) does not read it; use {wanted!r} "
+                              f"(its parameters: {', '.join(family.parameters)})")
 
 
 def _validate_decode(cfg: KernelConfig) -> None:

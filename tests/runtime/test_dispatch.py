@@ -15,7 +15,7 @@ import fa_autotune
 from fa_autotune.runtime import api, dispatch, files
 from fa_autotune.spec.candidate import Candidate
 from fa_autotune.spec.config import KernelConfig
-from fa_autotune.errors import ConfigError, ConfigFileError
+from fa_autotune.errors import ConfigError, ConfigFileError, InputError
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.recipe import Fp8Recipe
 from fa_autotune.spec.target import GpuInfo, SoftwareInfo, interpreter_gpu
@@ -634,6 +634,11 @@ def test_a_recipe_given_with_a_config_is_honoured_or_refused(monkeypatch):
     assert info.value.parameter == "fp8_scaling"
     with pytest.raises(ConfigError, match="fp8_hadamard"):
         fa_autotune.attention_fp8(x, config=dict(small, fp8_hadamard=False))
+    with pytest.raises(InputError, match="quantized with scaling='per_head', not scaling='per_tensor'"):
+        fa_autotune.attention_fp8(x, config=small, scaling="per_tensor")  # would be ignored: refused
+    with pytest.raises(InputError, match="hadamard=True, not hadamard=False"):
+        fa_autotune.attention_fp8(x, config=small, hadamard=False)
+    fa_autotune.attention_fp8(x, config=small, scaling="per_head", hadamard=True)  # the inputs' own recipe
 
     q16, k16, v16 = make_qkv(1, 2, 2, 24, 24, 16)
     with pytest.raises(ConfigError, match="fp8_scaling: the FP8 quantization recipe is not a kernel parameter"):

@@ -153,3 +153,52 @@ def test_gluon_backward_configs():
             KernelConfig(**dict(base, **changes))
         if field:
             assert caught.value.parameter == field, caught.value
+
+
+def test_every_config_has_one_family_that_reads_its_knobs():
+    """Each (loop_order, language) a config can take is one family: one template, the
+    parameters it reads and those it pins. A knob the family does not read must keep its
+    default, refused with the family's name otherwise (never a silent no-op): fp8_pv outside
+    the Triton forward, q_tiles in the Triton backward, which the rules before families let by."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from fa_autotune.spec.defaults import GLUON_BACKWARD, GLUON_DEFAULT
+    from fa_autotune.spec.families import FAMILIES
+
+    templates = {p.name for p in (Path(__file__).parents[2] / "templates").glob("attn_*.jinja")}
+    assert {f.template for f in FAMILIES.values()} == templates
+    names = {f.name for f in fields(KernelConfig)}
+    for family in FAMILIES.values():
+        assert set(family.parameters) <= names and set(family.pinned) <= names - set(family.parameters)
+    assert KernelConfig().family.name == "fwd_q_outer" and GLUON_BACKWARD.family.name == "bwd_gluon"
+    assert GLUON_DEFAULT.family.name == "fwd_gluon"
+    parameters = GLUON_BACKWARD.parameters()
+    assert list(parameters)[:2] == ["loop_order", "language"] and parameters["group_split"] == 1
+    assert "fp8_pv" not in parameters and "overlap" not in parameters and "access" not in parameters
+    for changes, family, field in ((dict(loop_order="decode", fp8_pv="inplace"), "decode", "fp8_pv"),
+                                   (dict(loop_order="backward", BLOCK_N=64, q_tiles=2), "bwd", "q_tiles"),
+                                   (dict(GLUON_DEFAULT.to_dict(), fp8_pv="inplace"), "fwd_gluon", "fp8_pv"),
+                                   (dict(GLUON_BACKWARD.to_dict(), fp8_pv="inplace"), "bwd_gluon", "fp8_pv")):
+        with pytest.raises(ConfigError) as caught:
+            KernelConfig.from_mapping(changes)
+        assert caught.value.parameter == field and f"the {family} kernel" in str(caught.value), caught.value
+    KernelConfig(loop_order="kv_outer", q_tiles=4, fp8_pv="inplace")  # read there: accepted
+
+
+def test_kernel_variants_page_lists_each_family_with_its_parameters():
+    """docs/reference/kernel-variants.md has a row per family naming its template and every
+    parameter it reads beyond the tile (the table is written by hand; this keeps it from
+    drifting)."""
+    from pathlib import Path
+
+    from fa_autotune.spec.families import FAMILIES
+
+    page = (Path(__file__).parents[2] / "docs/reference/kernel-variants.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line for line in page.splitlines() if line.startswith("| `")}
+    for family in FAMILIES.values():
+        row = rows[family.name]
+        assert family.template in row
+        tile = {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "causal_mode"}  # every family's, said above the table
+        missing = [p for p in family.parameters if p not in tile and f"`{p}`" not in row]
+        assert not missing, (family.name, missing)
