@@ -376,12 +376,18 @@ def _validate_family(cfg: KernelConfig) -> None:
     family = family_of(cfg.loop_order, cfg.language)
     if family is None:
         raise ConfigError("loop_order", f"no {cfg.language} kernel has loop_order={cfg.loop_order!r}")
-    reads = set(family.parameters) | {"loop_order", "language"}
-    for f in fields(cfg):
-        wanted = family.pinned.get(f.name, f.default)
-        if f.name not in reads and getattr(cfg, f.name) != wanted:
-            raise ConfigError(f.name, f"the {family.name} kernel ({family.template}) does not read it; use {wanted!r} "
+    unread = _UNREAD.get(family.name)
+    if unread is None:  # the parameters the family does not read, each with the value it must hold
+        reads = set(family.parameters) | {"loop_order", "language"}
+        unread = _UNREAD[family.name] = tuple((f.name, family.pinned.get(f.name, f.default))
+                                              for f in fields(KernelConfig) if f.name not in reads)
+    for name, wanted in unread:
+        if getattr(cfg, name) != wanted:
+            raise ConfigError(name, f"the {family.name} kernel ({family.template}) does not read it; use {wanted!r} "
                               f"(its parameters: {', '.join(family.parameters)})")
+
+
+_UNREAD: dict[str, tuple[tuple[str, Any], ...]] = {}
 
 
 def _validate_decode(cfg: KernelConfig) -> None:

@@ -101,8 +101,10 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     past D=128 the wide Gluon kernel (both consumers on one key block)."""
     d64, d128 = (Problem(4, 16, 16, 4096, 4096, d, dtype, causal=True, kind="bwd") for d in (64, 128))
     full = Problem(4, 16, 16, 4096, 4096, 128, dtype, kind="bwd")
+    in_space = _kernels if dtype == "bfloat16" else lambda space, problem: {backward_default(problem, (9, 0))}
+    # (the Hopper grid, 1-2 s to build, is the same for both 16-bit dtypes: searched once)
     assert backward_default(full, (9, 0)) == GLUON_BACKWARD.with_(persistent=1, dynamic=True)
-    assert backward_default(full, (9, 0)) in _kernels("bwd", full)
+    assert backward_default(full, (9, 0)) in in_space("bwd", full)
     assert backward_default(d64, (9, 0)) == GLUON_BACKWARD.with_(BLOCK_M=128, num_stages=2)
     assert backward_default(d128, (9, 0)) == GLUON_BACKWARD and GLUON_BACKWARD.dq_atomic
     assert not GLUON_BACKWARD_TWO_PASS.dq_atomic and GLUON_BACKWARD_TWO_PASS.language == "gluon"
@@ -110,14 +112,14 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     first, second = defaults_for(d128, HOPPER)
     assert first == GLUON_BACKWARD and second == backward_default(d128, (9, 0), gluon=False)
     for problem in (d64, d128):  # the tuner's space holds them
-        assert backward_default(problem, (9, 0)) in _kernels("bwd", problem)
+        assert backward_default(problem, (9, 0)) in in_space("bwd", problem)
     short = Problem(16, 32, 8, 1024, 1024, 64, dtype, kind="bwd")
     assert backward_default(short, (9, 0)).language == "gluon"
     # causal GQA: a query head per program (the power of two covering the group, at most 8)
     for hq, hkv, split in ((32, 8, 4), (28, 4, 8), (24, 8, 4), (64, 4, 8), (32, 16, 2)):
         gqa = Problem(1, hq, hkv, 3000, 3000, 128, dtype, causal=True, kind="bwd")
         assert backward_default(gqa, (9, 0)) == GLUON_BACKWARD.with_(group_split=split), (hq, hkv)
-        assert backward_default(gqa, (9, 0)) in _kernels("bwd", gqa)
+        assert backward_default(gqa, (9, 0)) in in_space("bwd", gqa)
     assert backward_default(short, (9, 0)).group_split == 1  # without a mask: one program per group
     tiny = Problem(4, 16, 16, 4096, 4096, 16, dtype, kind="bwd")  # dQ halves of 8 columns: never run on a GPU
     assert backward_default(tiny, (9, 0)).language == "triton"
@@ -125,11 +127,11 @@ def test_hopper_backward_defaults_to_gluon(dtype):
     for d in (160, 192, 256):
         wide = Problem(4, 8, 8, 4096, 4096, d, dtype, causal=True, kind="bwd")
         assert backward_default(wide, (9, 0)) == GLUON_WIDE_BACKWARD
-        assert backward_default(wide, (9, 0)) in _kernels("bwd", wide)
+        assert backward_default(wide, (9, 0)) in in_space("bwd", wide)
         assert wide_backward_error(GLUON_WIDE_BACKWARD) is None
     gqa = Problem(1, 32, 4, 4096, 4096, 256, dtype, causal=True, kind="bwd")
     assert backward_default(gqa, (9, 0)) == GLUON_WIDE_BACKWARD.with_(group_split=8)
-    assert all(wide_backward_error(c) is None for c in _kernels("bwd", gqa)
+    assert all(wide_backward_error(c) is None for c in in_space("bwd", gqa)
                if c.language == "gluon")
     d256 = Problem(4, 8, 8, 4096, 4096, 256, dtype, kind="bwd")
     for problem, capability, gluon in ((d128, (9, 0), False), (d128, (8, 0), True), (d128, None, True),
