@@ -8,7 +8,9 @@ rounds on one set of inputs, every output checked first:
 - sinks: ``attention_fp8`` on prequantized e4m3 inputs (per-block + Hadamard, the dispatched
   config) with and without the sink tile (``sink_tile=True``), D 128, N 8192, causal and
   not, on inputs with attention sinks (the first 4 keys' K x40, V x10): time and the relative
-  error of each against float32.
+  error of each against float32; and ``attention_fp8`` quantizing the fp16 inputs itself with
+  the default recipe (the sink tile on) and without the sink tile, its error on the sink
+  inputs and on the tuner's outlier-channel inputs too.
 
     python3 benchmarks/fp8_cache_and_sinks.py --out DIR [--rounds 3] [--rep-ms 100] [--sweep]
 
@@ -148,7 +150,15 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
         def sink():
             return fa_autotune.attention_fp8(x, causal=causal, config=config)
 
-        calls = {"plain": plain, "sink_tile": sink}
+        def here():  # attention_fp8 quantizing itself with the default recipe (the sink tile on)
+            return fa_autotune.attention_fp8(q, k, v, causal=causal, config=config,
+                                             **({"block_q": 32, "block_k": 32} if small else {}))
+
+        def here_plain():
+            return fa_autotune.attention_fp8(q, k, v, causal=causal, config=config, sink_tile=False,
+                                             **({"block_q": 32, "block_k": 32} if small else {}))
+
+        calls = {"plain": plain, "sink_tile": sink, "quantize_here": here, "quantize_here_plain": here_plain}
         for tiles in ([] if not sweep or small else [dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
                                                      dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2,
                                                           access="tensor_desc")]):
@@ -160,9 +170,26 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
         work = 4.0 * b * h * n * n * d / (2 if causal else 1)
         rows.append({"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal, "ms": ms,
                      "tflops": {name: work / m / 1e9 for name, m in ms.items()},
-                     "sink_tile_cost": ms["sink_tile"] / ms["plain"], "rel_error": errors})
+                     "sink_tile_cost": ms["sink_tile"] / ms["plain"], "rel_error": errors,
+                     "quantize_included": ms["sink_tile"] / ms["quantize_here"],
+                     "rel_error_outliers": _outlier_errors(b, h, n, d, causal, config, small, device)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _outlier_errors(b: int, h: int, n: int, d: int, causal: bool, config, small: bool, device: str) -> dict:
+    """attention_fp8 quantizing here, with and without the sink tile, on the tuner's other kind
+    of FP8 inputs (outlier channels): the default recipe must stay accurate there too."""
+    import fa_autotune
+    from fa_autotune.spec.problem import Problem
+    from fa_autotune.tune.inputs import fp8_source_inputs
+    from fa_autotune.tune.reference import reference_attention
+
+    q, k, v = fp8_source_inputs(Problem(b, h, h, n, n, d, "float8_e4m3fn", causal), device, 1, "outliers")
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=causal)
+    blocks = {"block_q": 32, "block_k": 32} if small else {}
+    return {name: _rel(fa_autotune.attention_fp8(q, k, v, causal=causal, config=config, sink_tile=sink, **blocks), ref)
+            for name, sink in (("quantize_here", None), ("quantize_here_plain", False))}
 
 
 def _markdown(result: dict) -> str:
@@ -184,6 +211,14 @@ def _markdown(result: dict) -> str:
                      f"{r['ms']['plain']:.4f} | {r['ms']['sink_tile']:.4f} | {r['sink_tile_cost']:.3f}x | "
                      f"{r['tflops']['plain']:.0f} / {r['tflops']['sink_tile']:.0f} | "
                      f"{r['rel_error']['plain']:.4f} / {r['rel_error']['sink_tile']:.4f} |")
+    lines += ["", "| problem | causal | quantizing here ms (default recipe) | without sink tile ms | prequantized / "
+              "quantizing here | error sinks / outliers | without sink tile |", "|---|---|---|---|---|---|---|"]
+    for r in result["sinks"]:
+        lines.append(f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | "
+                     f"{r['ms']['quantize_here']:.4f} | {r['ms']['quantize_here_plain']:.4f} | "
+                     f"{r['quantize_included']:.3f} | {r['rel_error']['quantize_here']:.4f} / "
+                     f"{r['rel_error_outliers']['quantize_here']:.4f} | {r['rel_error']['quantize_here_plain']:.4f} / "
+                     f"{r['rel_error_outliers']['quantize_here_plain']:.4f} |")
     swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith("sink_tile ")]
     if swept:
         lines += ["", "| problem | causal | sink tile config | ms | vs FP8 without | error |", "|---|---|---|---|---|---|"]

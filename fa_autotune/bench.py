@@ -45,6 +45,7 @@ from .spec.candidate import Candidate
 from .spec.config import KernelConfig
 from .runtime.dispatch import DISPATCHER
 from .runtime.kvcache import attention_with_kvcache
+from .runtime.select import for_sink_tile
 from .spec.defaults import decode_default, default_for
 from .spec.problem import Problem
 from .spec.space import load_space
@@ -234,17 +235,18 @@ class Bench:
         if provider == "tuned_quantize":
             chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).candidate
             return (lambda: api.attention_fp8(q, k, v, causal=problem.causal, fmt=fmt)), None, \
-                f"{chosen.name}, quantizing {q.dtype} inputs ({chosen.recipe.scaling}, " \
-                f"hadamard {chosen.recipe.hadamard})"
+                f"{chosen.name}, quantizing {q.dtype} inputs ({_recipe_text(chosen.recipe)})"
         if provider in ("tuned", "default"):
             chosen = DISPATCHER.choose_fp8(problem, q.device.type, q.device.index or 0).candidate \
                 if provider == "tuned" else Candidate.of(default_for(problem, detect_gpu(q.device.index or 0)), True)
             block_q, block_k = tile_blocks(chosen.config.BLOCK_M, chosen.config.BLOCK_N)
-            x = quantize_fp8(q, k, v, scaling=chosen.recipe.scaling, hadamard=chosen.recipe.hadamard, fmt=fmt,
-                             block_q=block_q, block_k=block_k)
-            config = None if provider == "tuned" else chosen.config
+            recipe = chosen.recipe
+            x = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
+                             block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
+            config = None if provider == "tuned" else (for_sink_tile(chosen.config) if recipe.sink_tile
+                                                       else chosen.config)
             return (lambda: api.attention_fp8(x, causal=problem.causal, config=config, out_dtype=q.dtype)), None, \
-                f"{chosen.name}, prequantized ({chosen.recipe.scaling}, hadamard {chosen.recipe.hadamard})"
+                f"{chosen.name}, prequantized ({_recipe_text(recipe)})"
         if provider == "tutorial":
             raise Unavailable("the tutorial's configs have no FP8 kernels")
         fn, context, detail = self.callable_for(provider, problem.with_dtype(str(q.dtype).removeprefix("torch.")),
@@ -595,3 +597,8 @@ def plot(rows: list[Row], providers: tuple[str, ...], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _recipe_text(recipe) -> str:
+    """An FP8 recipe as a bench cell's detail names it."""
+    return f"{recipe.scaling}, hadamard {recipe.hadamard}, sink tile {recipe.sink_tile}"

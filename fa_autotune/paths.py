@@ -36,9 +36,11 @@ def data_dir(name: str) -> Path:
 
 @lru_cache(maxsize=1)
 def template_hash() -> str:
-    """Hash over every template file: identifies the kernel code a measurement ran."""
+    """Hash over every template file and the trial inputs' definition: identifies the kernel
+    code a measurement ran and the data its error was judged on (a tune reuses only
+    measurements of the same hash)."""
     digest = hashlib.sha256()
-    for path in sorted(data_dir("templates").glob("*.jinja")):
+    for path in [*sorted(data_dir("templates").glob("*.jinja")), Path(__file__).parent / "tune" / "inputs.py"]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

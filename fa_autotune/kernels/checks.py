@@ -182,7 +182,8 @@ def sink_tile_error(config: KernelConfig) -> ConfigError | None:
     pass fails on it (128x256 tiles, compiled for sm_90), so it runs unspecialized."""
     if config.warp_specialize:
         return ConfigError("warp_specialize", "the FP8 sink tile runs without warp specialization "
-                           "(Triton 3.6 cannot warp-specialize its 16-bit product beside the FP8 ones)")
+                           "(Triton 3.6 cannot warp-specialize its 16-bit product beside the FP8 ones): "
+                           "turn the sink tile off (sink_tile=False, fp8_sink_tile: false) or the warp specialization")
     return None
 
 

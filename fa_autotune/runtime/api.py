@@ -31,7 +31,7 @@ from ..spec.candidate import Candidate
 from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
 from ..spec.problem import Problem, problem_from_tensors
-from ..spec.recipe import Fp8Recipe
+from ..spec.recipe import RECIPE_FIELDS, Fp8Recipe
 from .dispatch import DISPATCHER, Choice, gpu_of
 from .select import for_sink_tile, runnable, select
 
@@ -370,18 +370,20 @@ def attention_fp8(
     the fastest tuned config whose measured error (relative, against float32) is within
     ``max_error`` (`fa-autotune tune --dtype fp8` stores each problem's time/error Pareto
     front); its quantization recipe (:class:`~fa_autotune.Fp8Recipe`) is used unless ``scaling`` /
-    ``hadamard`` say otherwise. A ``config`` given may name a recipe beside its template
-    parameters (``fp8_scaling``, ``fp8_hadamard``, as stored configs and ``query pareto`` list
-    them; the default recipe where it names none); for inputs quantized already it must be
-    theirs, and ``scaling`` / ``hadamard`` other than theirs are an InputError. ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
+    ``hadamard`` / ``sink_tile`` say otherwise. A ``config`` given may name a recipe beside its
+    template parameters (``fp8_scaling``, ``fp8_hadamard``, ``fp8_sink_tile``, as stored configs
+    and ``query pareto`` list them; the default recipe where it names none); for inputs
+    quantized already it must be theirs, and ``scaling`` / ``hadamard`` other than theirs are
+    an InputError. ``fmt``, ``block_q``, ``block_k`` as quantize_fp8 takes them
     (default: 128 rows, or the chosen kernel's tile where that is larger).
     Descales are applied in the kernel; the Hadamard rotation needs nothing (QK^T is
     unchanged). Output in ``out_dtype`` (default: the inputs' dtype when they were
     fp16/bf16, else bfloat16); otherwise as :func:`attention` (SDPA's keyword names too).
-    ``sink_tile=True`` scores the first K tile from the unquantized q and k (quantize_fp8's
-    ``sink_tile``; for Fp8Inputs, those quantized with it): accurate with attention sinks,
-    at the cost of one 16-bit score tile per Q tile (1.03-1.07x the kernel's time on an H100
-    at D=128). None: as the Fp8Inputs were quantized, off when quantizing here.
+    ``sink_tile``: whether the first K tile is scored from the unquantized q and k (the
+    recipe's ``sink_tile``; for Fp8Inputs, those quantize_fp8 kept): accurate with attention
+    sinks, at the cost of one 16-bit score tile per Q tile and of warp specialization
+    (1.03-1.07x the kernel's time on an H100 at D=128). None: as the Fp8Inputs were
+    quantized, or the chosen recipe's when quantizing here (the default recipe's: on).
     """
     if sink_tile is not None and not isinstance(sink_tile, bool):
         raise InputError(f"sink_tile must be True, False or None, got {sink_tile!r}")
@@ -399,6 +401,7 @@ def attention_fp8(
                              "quantize_fp8(..., sink_tile=True)")
         if sink_tile is False and q.sources is not None:
             inputs = dataclasses.replace(q, sources=None)
+        held_recipe = inputs.recipe
         for name, given, held in (("scaling", scaling, q.scaling), ("hadamard", hadamard, q.hadamard)):
             if given is not None and given != held:  # their scales are fixed: it would be ignored
                 raise InputError(f"these Fp8Inputs were quantized with {name}={held!r}, not {name}={given!r}: "
@@ -406,19 +409,20 @@ def attention_fp8(
         problem = problem_from_tensors(q.q, q.k, q.v, causal=causal, causal_align=causal_align)
         if not problem.is_fp8:
             raise InputError(f"Fp8Inputs hold {q.q.dtype} tensors, not float8_e4m3fn / float8_e5m2")
-        chosen = _fp8_choice(problem, q.q.device, config, max_error, q.scaling, q.hadamard, quantized=True).config
+        chosen = _fp8_choice(problem, q.q.device, config, max_error, held_recipe, quantized=True).config
     else:
         dtype = {fmt_: name for name, fmt_ in FMT_OF_DTYPE.items()}.get(fmt)
         if dtype is None:
             raise InputError(f"fmt must be one of {sorted(FMT_OF_DTYPE.values())}, got {fmt!r}")
         problem = problem_from_tensors(q, k, v, causal=causal, causal_align=causal_align).with_dtype(dtype)
-        candidate = _fp8_choice(problem, q.device, config, max_error, scaling, hadamard)
-        chosen, recipe = candidate.config, candidate.recipe.with_(scaling, hadamard)
+        parts = (scaling, hadamard, sink_tile)
+        candidate = _fp8_choice(problem, q.device, config, max_error, parts)
+        chosen, recipe = candidate.config, candidate.recipe.with_(*parts)
         tiles = tile_blocks(chosen.BLOCK_M, chosen.BLOCK_N)
         inputs = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
                               block_q=tiles[0] if block_q is None else block_q,
                               block_k=tiles[1] if block_k is None else block_k, check_finite=False,
-                              sink_tile=bool(sink_tile))
+                              sink_tile=recipe.sink_tile)
         source_dtype = q.dtype
     out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
     if out_dtype not in (torch.float16, torch.bfloat16):
@@ -433,21 +437,25 @@ def attention_fp8(
     return (out, lse) if return_lse else out
 
 
-def _fp8_choice(problem: Problem, device: torch.device, config, max_error, scaling: str | None,
-                hadamard: bool | None, quantized: bool = False) -> Candidate:
+def _fp8_choice(problem: Problem, device: torch.device, config, max_error, parts: tuple | Fp8Recipe,
+                quantized: bool = False) -> Candidate:
     """The kernel and recipe attention_fp8 runs: ``config`` with the recipe it names (the
     default where it names none), else the dispatcher's choice among recipes with the
-    ``scaling`` and ``hadamard`` given. ``quantized``: those are the inputs' own, which a
-    recipe in ``config`` must not contradict (it could not be honoured)."""
+    ``parts`` given ((scaling, hadamard, sink_tile), None for any). ``quantized``: ``parts``
+    is the inputs' own recipe, which a recipe in ``config`` must not contradict (it could not
+    be honoured)."""
+    if isinstance(parts, Fp8Recipe):
+        parts = (parts.scaling, parts.hadamard, parts.sink_tile)
     if config is None:
-        return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, scaling, hadamard).candidate
+        return DISPATCHER.choose_fp8(problem, device.type, device.index or 0, max_error, *parts).candidate
     candidate = Candidate.from_mapping(config, fp8=True)
     named = config.recipe if isinstance(config, Candidate) else Fp8Recipe.split(config)[1]  # None: it names none
-    if quantized and named is not None and not named.matches(scaling, hadamard):
-        differs = "fp8_scaling" if named.scaling != scaling else "fp8_hadamard"
+    if quantized and named is not None and not named.matches(*parts):
+        held = Fp8Recipe(*parts)
+        differs = next(key for key, name in RECIPE_FIELDS.items() if getattr(named, name) != getattr(held, name))
         raise ConfigError(differs, f"config names the recipe {named.to_dict()}, but the inputs were quantized "
-                          f"with {Fp8Recipe(scaling, hadamard).to_dict()}: quantize them with the config's recipe "
-                          "(quantize_fp8's scaling= and hadamard=), or leave the recipe out of the config")
+                          f"with {held.to_dict()}: quantize them with the config's recipe "
+                          "(quantize_fp8's scaling=, hadamard= and sink_tile=), or leave the recipe out of the config")
     return candidate
 
 

@@ -89,17 +89,17 @@ class Dispatcher:
         return choice
 
     def choose_fp8(self, problem: Problem, device_type: str, device_index: int, max_error: float | None = None,
-                   scaling: str | None = None, hadamard: bool | None = None) -> Choice:
+                   scaling: str | None = None, hadamard: bool | None = None, sink_tile: bool | None = None) -> Choice:
         """FP8: the fastest config on the stored time/error Pareto front of this problem (else
         of the nearest tuned one) whose error is within ``max_error`` (default: the format's
-        tolerance) and whose recipe has the ``scaling`` and ``hadamard`` given (None matches
-        any). A budget no front config meets gets the most accurate one, with a warning;
+        tolerance) and whose recipe has the ``scaling``, ``hadamard`` and ``sink_tile`` given
+        (None matches any). A budget no front config meets gets the most accurate one, with a warning;
         without a front, what :meth:`choose` gives, its recipe with those parts."""
-        key = (problem, device_type, device_index, max_error, scaling, hadamard)
+        key = (problem, device_type, device_index, max_error, scaling, hadamard, sink_tile)
         choice = self._choices.get(key)
         if choice is None:
             with self._lock:
-                choice = self._resolve_fp8(problem, device_type, device_index, max_error, scaling, hadamard)
+                choice = self._resolve_fp8(problem, device_type, device_index, max_error, (scaling, hadamard, sink_tile))
                 self._choices[key] = choice
         return choice
 
@@ -128,11 +128,12 @@ class Dispatcher:
                           "defaults. Run `fa-autotune tune` on this GPU to tune it.", RuntimeWarning, stacklevel=4)
         return _default(problem, gpu)
 
-    def _resolve_fp8(self, problem, device_type, device_index, max_error, scaling, hadamard) -> Choice:
+    def _resolve_fp8(self, problem, device_type, device_index, max_error, parts: tuple) -> Choice:
+        """``parts``: the recipe's (scaling, hadamard, sink_tile) a caller fixed (None: any)."""
         gpu = gpu_of(device_type, device_index)
         budget = TOLERANCE[problem.dtype] if max_error is None else max_error
         if not _tuned_disabled():
-            front = self._front_for(problem, scaling, hadamard, self._sources_for(gpu, device_type, device_index))
+            front = self._front_for(problem, parts, self._sources_for(gpu, device_type, device_index))
             fits = [(p, origin) for p, origin in front if p.rel_error <= budget]
             if fits:
                 best, origin = min(fits, key=lambda item: (item[0].median_ms, item[0].rel_error))
@@ -146,19 +147,18 @@ class Dispatcher:
             self._warn_once(f"no FP8 Pareto front tuned for {problem.key} on {gpu.name}: its error under "
                             f"max_error={max_error} is unknown (`fa-autotune tune --dtype fp8 --max-error` measures it)")
         base = self.choose(problem, device_type, device_index)
-        return dataclasses.replace(base, recipe=base.recipe.with_(scaling, hadamard))
+        return dataclasses.replace(base, recipe=base.recipe.with_(*parts))
 
     @staticmethod
-    def _front_for(problem: Problem, scaling: str | None, hadamard: bool | None,
-                   sources: list[_Source]) -> list[tuple[FrontPoint, str]]:
+    def _front_for(problem: Problem, parts: tuple, sources: list[_Source]) -> list[tuple[FrontPoint, str]]:
         """The front (points with their origin) of the tuned problem nearest to ``problem``
-        among points whose recipe has ``scaling`` and ``hadamard`` (None matches any); a
-        problem's front comes from the first source that has one, as winners do."""
+        among points whose recipe has the ``parts`` (scaling, hadamard, sink_tile; None
+        matches any); a problem's front comes from the first source that has one, as winners do."""
         points: list[tuple[FrontPoint, str]] = []
         for source in sources:
             known = {p.problem for p, _ in points}
             points += [(p, source.tuned.origin) for p in source.tuned.fronts if p.problem not in known]
-        points = [(p, origin) for p, origin in points if p.recipe.matches(scaling, hadamard)]
+        points = [(p, origin) for p, origin in points if p.recipe.matches(*parts)]
         found = nearest(problem, {p.problem for p, _ in points})
         return [(p, origin) for p, origin in points if found is not None and p.problem == found[0]]
 

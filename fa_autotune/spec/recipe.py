@@ -5,7 +5,7 @@ together (:class:`~fa_autotune.spec.candidate.Candidate`); but no template reads
 recipe, so it is not a template parameter (issue 40): the kernel a config renders is the
 same whatever the inputs' scales look like. Its mapping form keeps the names search
 spaces, stored configs and ``fa-autotune query pareto`` have always used for it
-(``fp8_scaling``, ``fp8_hadamard``).
+(``fp8_scaling``, ``fp8_hadamard``, ``fp8_sink_tile``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..errors import ConfigError
 
 FP8_SCALINGS = ("per_tensor", "per_head", "per_block")
 # The recipe's parameters under their mapping names -> the Fp8Recipe field each sets.
-RECIPE_FIELDS = {"fp8_scaling": "scaling", "fp8_hadamard": "hadamard"}
+RECIPE_FIELDS = {"fp8_scaling": "scaling", "fp8_hadamard": "hadamard", "fp8_sink_tile": "sink_tile"}
 # How a config name spells a non-default recipe (one part each, as names did before issue 40).
 _SCALING_PARTS = {"per_tensor": "fp8tensor", "per_head": "fp8head", "per_block": ""}
 
@@ -25,16 +25,23 @@ _SCALING_PARTS = {"per_tensor": "fp8tensor", "per_head": "fp8head", "per_block":
 class Fp8Recipe:
     """How FP8 inputs are quantized: ``scaling`` is the group sharing one scale (the whole
     tensor, a head, or ``block_q`` / ``block_k`` rows of a head), ``hadamard`` whether Q and
-    K are rotated first (spreads outlier channels; QK^T is unchanged). Defaults: FlashAttention-3's."""
+    K are rotated first (spreads outlier channels; QK^T is unchanged), ``sink_tile`` whether
+    the first K tile is scored from the unquantized Q and K (attention sinks, the first keys
+    of a trained LLM's rows, score so high that FP8's rounding of Q and K moves whole units
+    of the softmax's exponent). Defaults: FlashAttention-3's scaling, with the sink tile,
+    the one recipe within 0.06 of float32 on both outlier-channel and attention-sink inputs
+    (benchmarks/results/2026-12-06-cpu-fp8-default-recipe/)."""
 
     scaling: str = "per_block"
     hadamard: bool = True
+    sink_tile: bool = True
 
     def __post_init__(self) -> None:
         if self.scaling not in FP8_SCALINGS:
             raise ConfigError("fp8_scaling", f"{self.scaling!r} is not one of {list(FP8_SCALINGS)}")
-        if not isinstance(self.hadamard, bool):
-            raise ConfigError("fp8_hadamard", f"expected true or false, got {self.hadamard!r}")
+        for key, name in (("fp8_hadamard", "hadamard"), ("fp8_sink_tile", "sink_tile")):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(key, f"expected true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> "Fp8Recipe":
@@ -73,20 +80,23 @@ class Fp8Recipe:
 
     @property
     def name_part(self) -> str:
-        """The recipe in a config name: ``fp8tensor`` / ``fp8head``, then ``nohad``, each only
-        when it differs from the default ("" for the default recipe)."""
-        parts = [_SCALING_PARTS[self.scaling], "" if self.hadamard else "nohad"]
+        """The recipe in a config name: ``fp8tensor`` / ``fp8head``, then ``nohad``, then
+        ``nosink``, each only when it differs from the default ("" for the default recipe)."""
+        parts = [_SCALING_PARTS[self.scaling], "" if self.hadamard else "nohad", "" if self.sink_tile else "nosink"]
         return "_".join(part for part in parts if part)
 
-    def with_(self, scaling: str | None = None, hadamard: bool | None = None) -> "Fp8Recipe":
+    def with_(self, scaling: str | None = None, hadamard: bool | None = None,
+              sink_tile: bool | None = None) -> "Fp8Recipe":
         """This recipe with the parts given (None keeps a part): a caller's ``scaling=`` /
-        ``hadamard=`` over a tuned or default recipe."""
-        changes = {name: value for name, value in (("scaling", scaling), ("hadamard", hadamard)) if value is not None}
+        ``hadamard=`` / ``sink_tile=`` over a tuned or default recipe."""
+        given = (("scaling", scaling), ("hadamard", hadamard), ("sink_tile", sink_tile))
+        changes = {name: value for name, value in given if value is not None}
         return replace(self, **changes) if changes else self
 
-    def matches(self, scaling: str | None = None, hadamard: bool | None = None) -> bool:
+    def matches(self, scaling: str | None = None, hadamard: bool | None = None, sink_tile: bool | None = None) -> bool:
         """Whether this recipe has the parts given (None matches anything)."""
-        return (scaling is None or self.scaling == scaling) and (hadamard is None or self.hadamard == hadamard)
+        return all(value is None or getattr(self, name) == value
+                   for name, value in (("scaling", scaling), ("hadamard", hadamard), ("sink_tile", sink_tile)))
 
 
 def default_recipe(fp8: bool) -> Fp8Recipe | None:

@@ -103,13 +103,14 @@ class FrontPoint:
         candidate, recipe = self.candidate, self.recipe or Fp8Recipe()
         return {"gpu": self.gpu.name, "problem": self.problem.key, "config_name": candidate.name,
                 "config": candidate.to_dict(), "fp8_scaling": recipe.scaling, "fp8_hadamard": recipe.hadamard,
+                "fp8_sink_tile": recipe.sink_tile,
                 "median_ms": self.median_ms, "tflops": self.tflops,
                 "rel_error": self.rel_error, "max_error": self.max_error, "triton": self.software.triton,
                 "decided_at": self.decided_at}
 
 
-FRONT_COLUMNS = ("gpu", "problem", "config_name", "config", "fp8_scaling", "fp8_hadamard", "median_ms", "tflops",
-                 "rel_error", "max_error", "triton", "decided_at")
+FRONT_COLUMNS = ("gpu", "problem", "config_name", "config", "fp8_scaling", "fp8_hadamard", "fp8_sink_tile",
+                 "median_ms", "tflops", "rel_error", "max_error", "triton", "decided_at")
 
 
 @dataclass(frozen=True)

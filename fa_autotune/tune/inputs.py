@@ -1,8 +1,8 @@
 """Measurement inputs: built once per trial, shared by the correctness gate and the timing.
 
-Fresh random data every trial (never zeros: they hide bugs). FP8 problems are judged on
-LLM-like float32 activations with outlier channels, quantized as the candidate's recipe says;
-the reference reads the unquantized inputs. Compiling needs only the layout
+Fresh random data every trial (never zeros: they hide bugs). FP8 problems are judged on two
+kinds of LLM-like activations (FP8_INPUT_KINDS: outlier channels, attention sinks), quantized
+as the candidate's recipe says; the reference reads the unquantized inputs. Compiling needs only the layout
 (:func:`fa_autotune.kernels.aot.example_inputs`).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks
 from ..errors import ConfigError
-from ..kernels.checks import check_config, check_fp8_scales
+from ..kernels.checks import check_config, check_fp8_scales, sink_tile_error
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.recipe import Fp8Recipe
@@ -36,16 +36,33 @@ def random_inputs(problem: Problem, device: str, seed: int | None = None):
     return one(problem.heads_q, problem.seqlen_q), one(problem.heads_kv, problem.seqlen_k), one(problem.heads_kv, problem.seqlen_k)
 
 
-def fp8_source_inputs(problem: Problem, device: str, seed: int | None = None):
-    """What FP8 accuracy is judged on: float32 q, k, v like LLM activations, normal data
-    (std 0.25) with FP8_OUTLIER_CHANNELS channels of Q and K FP8_OUTLIER_FACTOR times larger,
-    the outliers that per-block scaling and incoherent processing are for."""
+# What FP8 accuracy is judged on, each kind on its own inputs (together the sinks hide the
+# outlier channels: every row attends to a sink): a recipe's error is the worst of them.
+FP8_INPUT_KINDS = ("outliers", "sinks")
+FP8_SINKS = 4  # the first keys of every head are attention sinks:
+FP8_SINK_K = 40.0  # K this many times larger (scores up to ~160 against the rest's ~1)
+FP8_SINK_V = 10.0  # V this many times larger
+
+
+def fp8_source_inputs(problem: Problem, device: str, seed: int | None = None, kind: str = "outliers"):
+    """What FP8 accuracy is judged on: float16 q, k, v (what callers quantize; the sink
+    tile's product reads them) like LLM activations. ``outliers``: normal data (std 0.25)
+    with FP8_OUTLIER_CHANNELS channels of Q and K FP8_OUTLIER_FACTOR times larger, what
+    per-block scaling and incoherent processing are for; ``sinks``: normal data with the
+    first FP8_SINKS keys' K and V FP8_SINK_K / FP8_SINK_V times larger, what the sink tile
+    is for."""
+    if kind not in FP8_INPUT_KINDS:
+        raise ValueError(f"FP8 input kind {kind!r} is not one of {FP8_INPUT_KINDS}")
     q, k, v = random_inputs(problem.with_dtype("float32"), device, seed)
-    channels = torch.arange(FP8_OUTLIER_CHANNELS, device=device) * (problem.head_dim // FP8_OUTLIER_CHANNELS)
-    q, k = q * 0.25, k * 0.25
-    q[..., channels] *= FP8_OUTLIER_FACTOR
-    k[..., channels] *= FP8_OUTLIER_FACTOR
-    return q, k, v
+    if kind == "outliers":
+        channels = torch.arange(FP8_OUTLIER_CHANNELS, device=device) * (problem.head_dim // FP8_OUTLIER_CHANNELS)
+        q, k = q * 0.25, k * 0.25
+        q[..., channels] *= FP8_OUTLIER_FACTOR
+        k[..., channels] *= FP8_OUTLIER_FACTOR
+    else:
+        k[:, :, :FP8_SINKS] *= FP8_SINK_K
+        v[:, :, :FP8_SINKS] *= FP8_SINK_V
+    return tuple(t.to(torch.float16) for t in (q, k, v))
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,10 +88,10 @@ class TrialInputs:
 
     @classmethod
     def build(cls, config: KernelConfig, problem: Problem, device: str, seed: int | None = None,
-              recipe: Fp8Recipe | None = None) -> "TrialInputs":
+              recipe: Fp8Recipe | None = None, kind: str = "outliers") -> "TrialInputs":
         """Fresh inputs for ``config`` on ``problem``, with ``config`` checked against them
-        (a ConfigError names what it cannot run); FP8 inputs quantized as ``recipe`` says
-        (default: Fp8Recipe())."""
+        (a ConfigError names what it cannot run); FP8 inputs of ``kind`` (FP8_INPUT_KINDS)
+        quantized as ``recipe`` says (default: Fp8Recipe())."""
         if problem.decode:
             if config.loop_order != "decode":
                 raise ConfigError("loop_order", f"a KV-cache problem runs loop_order='decode' configs, not "
@@ -90,14 +107,16 @@ class TrialInputs:
             q, k, v = random_inputs(problem, device, seed)
             check_config(config, problem, q, k, v)
             return cls(q, k, v, None, (q, k, v))
-        source = fp8_source_inputs(problem, device, seed)
+        source = fp8_source_inputs(problem, device, seed, kind)
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
         recipe = recipe or Fp8Recipe()
-        x = quantize_fp8(*source, scaling=recipe.scaling, hadamard=recipe.hadamard,
-                         fmt=fmt_of(problem.dtype), block_q=block_q, block_k=block_k)
+        x = quantize_fp8(*source, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt_of(problem.dtype),
+                         block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
         check_config(config, problem, x.q, x.k, x.v)
         check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
-        return cls(x.q, x.k, x.v, x.scales, source)
+        if recipe.sink_tile and (error := sink_tile_error(config)):
+            raise error
+        return cls(x.q, x.k, x.v, x.scales, tuple(t.float() for t in source))
 
     @classmethod
     def kv_cache(cls, problem: Problem, device: str, seed: int | None = None) -> "TrialInputs":

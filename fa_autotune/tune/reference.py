@@ -104,5 +104,10 @@ def reference_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout:
 
 def compare_all(outs, refs) -> ErrorReport:
     """Several outputs judged as one: the worst relative error, the largest absolute one."""
-    reports = [compare(o, r) for o, r in zip(outs, refs)]
+    return worst(*(compare(o, r) for o, r in zip(outs, refs)))
+
+
+def worst(*reports: ErrorReport) -> ErrorReport:
+    """Several reports as one: the worst relative error, the largest absolute one, finite
+    only if every one is."""
     return ErrorReport(max(r.max_abs for r in reports), max(r.rel for r in reports), all(r.finite for r in reports))

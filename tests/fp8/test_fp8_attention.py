@@ -9,6 +9,8 @@ import torch
 import fa_autotune
 from fa_autotune import ConfigError, InputError, attention_fp8, quantize_fp8
 from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
+from fa_autotune.spec.problem import Problem
+from fa_autotune.tune.inputs import FP8_INPUT_KINDS, fp8_source_inputs
 from helpers import make_qkv
 
 SMALL = dict(BLOCK_M=32, BLOCK_N=32)
@@ -189,20 +191,34 @@ def _sink_inputs(device, hq=4, hkv=2, n_q=100, n_k=100, d=64, seed=0):
                                                 (True, "bottom_right", 70)])
 @pytest.mark.parametrize("scaling", ["per_tensor", "per_block"])
 def test_sink_tile_keeps_attention_sinks_accurate(device, causal, align, n_q, scaling):
-    """With sinks every recipe is off by 0.13-0.15 (FP8's rounding of Q and K, amplified by the
-    sinks' scores); scoring the first K tile from the 16-bit q and k brings it under 0.06,
-    GQA, causal in both alignments and a ragged last tile included, quantized here or ahead."""
+    """With sinks every recipe is off by 0.13-0.15 without the sink tile (FP8's rounding of Q
+    and K, amplified by the sinks' scores); scoring the first K tile from the 16-bit q and k,
+    as the default recipe does, brings it under 0.06, GQA, causal in both alignments and a
+    ragged last tile included, quantized here or ahead."""
     q, k, v = _sink_inputs(device, n_q=n_q)
     options = dict(causal=causal, causal_align=align, config=SMALL, scaling=scaling, block_q=32, block_k=32)
-    plain = _error(attention_fp8(q, k, v, **options), q, k, v, causal, align)
-    sink = _error(attention_fp8(q, k, v, sink_tile=True, **options), q, k, v, causal, align)
+    plain = _error(attention_fp8(q, k, v, sink_tile=False, **options), q, k, v, causal, align)
+    sink = _error(attention_fp8(q, k, v, **options), q, k, v, causal, align)
     assert plain > 0.1 and sink <= 0.06, (plain, sink)
-    inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32, sink_tile=True)
+    assert quantize_fp8(q, k, v, sink_tile=False).sources is None
+    inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32)
     assert inputs.sources[0] is q and inputs.sources[1] is k  # kept, not copied
     ahead = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL)
     assert _error(ahead, q, k, v, causal, align) <= 0.06
     off = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL, sink_tile=False)
     assert _error(off, q, k, v, causal, align) > 0.1
+
+
+@pytest.mark.parametrize("kind", FP8_INPUT_KINDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_recipe_is_accurate_on_every_kind_of_input(device, kind, causal):
+    """Issue 42's bar: attention_fp8 with nothing but the inputs (the default recipe: per
+    block, Hadamard, sink tile) stays within 0.06 of float32 on the tuner's outlier-channel
+    inputs and on its attention-sink inputs."""
+    problem = Problem(1, 4, 2, 96, 128, 64, "float8_e4m3fn", causal)
+    q, k, v = (t.to(device) for t in fp8_source_inputs(problem, "cpu", seed=1, kind=kind))
+    out = attention_fp8(q, k, v, causal=causal, config=SMALL, block_q=32, block_k=32)
+    assert _error(out, q.float(), k.float(), v.float(), causal) <= 0.06
 
 
 def test_sink_tile_shorter_than_a_tile_and_without_sinks(device):
@@ -220,7 +236,7 @@ def test_sink_tile_shorter_than_a_tile_and_without_sinks(device):
 def test_sink_tile_mistakes_are_clear_errors(device):
     q, k, v = make_qkv(1, 2, 2, 40, 40, 32, torch.float16, device)
     with pytest.raises(InputError, match="quantize_fp8\\(..., sink_tile=True\\)"):
-        attention_fp8(quantize_fp8(q, k, v, block_q=32, block_k=32), config=SMALL, sink_tile=True)
+        attention_fp8(quantize_fp8(q, k, v, block_q=32, block_k=32, sink_tile=False), config=SMALL, sink_tile=True)
     with pytest.raises(InputError, match="sink_tile must be"):
         attention_fp8(q, k, v, config=SMALL, sink_tile="yes")
     with pytest.raises(InputError, match="sink_tile must be"):

@@ -56,15 +56,22 @@ def test_the_record_validates_itself():
 
 
 def test_mapping_form_round_trip_and_name_part():
-    assert Fp8Recipe() == Fp8Recipe("per_block", True) == Fp8Recipe.from_mapping({})
+    assert Fp8Recipe() == Fp8Recipe("per_block", True, True) == Fp8Recipe.from_mapping({})
     assert Fp8Recipe().name_part == "" and Fp8Recipe().changes() == {}
     for scaling, part in (("per_tensor", "fp8tensor"), ("per_head", "fp8head"), ("per_block", "")):
         for hadamard in (True, False):
-            recipe = Fp8Recipe(scaling, hadamard)
-            assert Fp8Recipe.from_mapping(recipe.to_dict()) == recipe
-            assert recipe.to_dict() == {"fp8_scaling": scaling, "fp8_hadamard": hadamard}
-            assert recipe.name_part == "_".join(p for p in (part, "" if hadamard else "nohad") if p)
+            for sink in (True, False):
+                recipe = Fp8Recipe(scaling, hadamard, sink)
+                assert Fp8Recipe.from_mapping(recipe.to_dict()) == recipe
+                assert recipe.to_dict() == {"fp8_scaling": scaling, "fp8_hadamard": hadamard, "fp8_sink_tile": sink}
+                assert recipe.name_part == "_".join(
+                    p for p in (part, "" if hadamard else "nohad", "" if sink else "nosink") if p)
     assert Fp8Recipe("per_head", False).changes() == {"fp8_scaling": "per_head", "fp8_hadamard": False}
+    assert Fp8Recipe(sink_tile=False).changes() == {"fp8_sink_tile": False}
+    assert Fp8Recipe().with_(sink_tile=False) == Fp8Recipe(sink_tile=False)
+    assert not Fp8Recipe().matches(sink_tile=False) and Fp8Recipe().matches("per_block", True, True)
+    with pytest.raises(ConfigError, match="fp8_sink_tile: expected true or false"):
+        Fp8Recipe(sink_tile="yes")
     assert Fp8Recipe("per_tensor").with_(hadamard=False) == Fp8Recipe("per_tensor", False)
     assert Fp8Recipe("per_tensor").with_() == Fp8Recipe("per_tensor")
     assert Fp8Recipe("per_head").matches("per_head") and not Fp8Recipe("per_head").matches(hadamard=False)

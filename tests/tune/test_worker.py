@@ -72,3 +72,36 @@ def test_work_names_are_module_and_function():
     assert worker.WORK == "fa_autotune.tune.worker:execute" and resolve(worker.WORK) is worker.execute
     with pytest.raises(ValueError, match="package.module:function"):
         resolve("fa_autotune.tune.worker.execute")
+
+
+
+def test_fp8_trials_are_judged_on_outliers_and_on_sinks(monkeypatch):
+    """An FP8 trial's error is the worst over the kinds of input (FP8_INPUT_KINDS): a recipe
+    without the sink tile is off by more than 0.1 on the sink inputs, which its outlier
+    inputs alone would not show; with it, both stay within 0.06. The timing reads the
+    first kind's inputs."""
+    from fa_autotune import Fp8Recipe
+    from fa_autotune.tune import measure, worker
+
+    checked, timed = [], []
+
+    def recording_check(config, problem, trial_inputs):
+        checked.append(measure.check_correct(config, problem, trial_inputs))
+        return checked[-1]
+
+    def recording_timing(config, problem, trial_inputs, rep_ms):
+        timed.append(trial_inputs)
+        return measure.Timing(1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(worker, "check_correct", recording_check)
+    monkeypatch.setattr(worker, "time_config", recording_timing)
+    problem = Problem(1, 2, 2, 96, 128, 64, "float8_e4m3fn")
+    results = {}
+    for sink in (False, True):
+        checked.clear()
+        results[sink] = worker.execute(Job(KernelConfig(BLOCK_M=32, BLOCK_N=32), problem, seed=3,
+                                           recipe=Fp8Recipe(sink_tile=sink)), "cpu")
+        outliers, sinks = (report.rel for report in checked)
+        assert results[sink]["status"] == "ok" and results[sink]["rel_error"] == max(outliers, sinks)
+        assert outliers <= 0.06 and (sinks <= 0.06 if sink else sinks > 0.1), (sink, outliers, sinks)
+    assert len(timed) == 2 and all(t.reference[2][:, :, :4].abs().max() < 8 for t in timed)  # V without sinks (x10)
