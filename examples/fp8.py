@@ -45,22 +45,23 @@ for scaling, hadamard in (("per_tensor", False), ("per_block", True)):
     print(f"  {recipe}: relative error {results[scaling, hadamard]:.3f}")
 
 # Or let attention_fp8 quantize fp16/bf16 inputs itself (output in their dtype), with the
-# recipe the dispatcher picks for this problem (tuned, or per-block + Hadamard by default).
+# recipe the dispatcher picks for this problem (tuned, or per-block + Hadamard + sink tile by default).
 out = attention_fp8(q, k, v, is_causal=True)
 print(f"  attention_fp8(q, k, v) quantizing itself: relative error {relative_error(out, reference):.3f}, "
       f"output {str(out.dtype).removeprefix('torch.')}")
 
 # Attention sinks (a trained LLM's first tokens: keys that score far above the rest) turn FP8's
-# rounding of Q and K into large softmax errors; sink_tile=True scores the first K tile from
-# the unquantized q and k.
+# rounding of Q and K into large softmax errors; the sink tile (on by default) scores the first
+# K tile from the unquantized q and k. sink_tile=False shows what it saves.
 sink_q, sink_k, sink_v = (torch.randn(batch, h, seqlen, head_dim, device=device) for h in (heads_q, heads_kv, heads_kv))
 sink_k[:, :, :4] *= 40  # the first 4 keys: norms 40x the rest, their values 10x
 sink_v[:, :, :4] *= 10
 sink_q, sink_k, sink_v = (t.to(dtype) for t in (sink_q, sink_k, sink_v))
 sink_reference = attention(sink_q, sink_k, sink_v, is_causal=True)
-for sink_tile in (False, True):
+for sink_tile in (False, None):
     out = attention_fp8(sink_q, sink_k, sink_v, is_causal=True, sink_tile=sink_tile)
-    print(f"  with attention sinks, sink_tile={sink_tile}: relative error {relative_error(out, sink_reference):.3f}")
+    name = "without the sink tile" if sink_tile is False else "default recipe"
+    print(f"  with attention sinks, {name}: relative error {relative_error(out, sink_reference):.3f}")
 
 error = results["per_block", True]
 print(f"fp8: relative error {error:.3f} vs attention(), recipe e4m3 per_block + Hadamard "

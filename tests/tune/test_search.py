@@ -101,7 +101,8 @@ def test_fp8_tune_stores_a_front_the_dispatcher_reads(tmp_path, kernel_cache, mo
     # the recipe in its columns and among the config's parameters, the name spelling it
     for r in front:
         candidate = Candidate.from_mapping(r["config"], fp8=True)
-        assert (r["fp8_scaling"], r["fp8_hadamard"]) == (candidate.recipe.scaling, candidate.recipe.hadamard)
+        assert (r["fp8_scaling"], r["fp8_hadamard"], r["fp8_sink_tile"]) == (
+            candidate.recipe.scaling, candidate.recipe.hadamard, candidate.recipe.sink_tile)
         assert r["config_name"] == candidate.name and r["config"] == candidate.to_dict()
     times, errors = [r["median_ms"] for r in front], [r["rel_error"] for r in front]
     assert times == sorted(times) and errors == sorted(errors, reverse=True) and len(set(errors)) == len(errors)
