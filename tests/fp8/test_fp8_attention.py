@@ -262,10 +262,9 @@ def test_sink_tile_sources_are_checked(device):
 def test_warp_specialized_sink_tile_runs_a_side_kernel(device, monkeypatch, n_q, scaling, pv):
     """A warp-specialized FP8 config (the H200's non-causal choice) keeps its specialization
     with the sink tile: a side kernel folds the first K tile from the 16-bit q and k, and the
-    main kernel starts from its state. Same result as the unspecialized kernel's inline sink
-    tile (up to the rounding of the side kernel's output to the output dtype), GQA and a ragged
-    last Q tile included (warp specialization is non-causal, keys a multiple of BLOCK_N); as
-    accurate when dispatched."""
+    main kernel merges its state after its loop. As accurate as the unspecialized kernel's
+    inline sink tile, GQA and a ragged last Q tile included (warp specialization is
+    non-causal, keys a multiple of BLOCK_N); as accurate when dispatched."""
     from fa_autotune.runtime import api, dispatch
     from fa_autotune.spec.config import KernelConfig
     from fa_autotune.spec.recipe import Fp8Recipe
@@ -277,11 +276,10 @@ def test_warp_specialized_sink_tile_runs_a_side_kernel(device, monkeypatch, n_q,
     options = dict(out_dtype=torch.float16)
     side = attention_fp8(inputs, config=specialized, **options)
     inline = attention_fp8(inputs, config=dict(specialized, warp_specialize=False, persistent=0), **options)
-    assert torch.isfinite(side.float()).all()
-    assert (side.float() - inline.float()).abs().max() <= 4e-3 * inline.float().abs().max()
     error = _error(side, q, k, v)
     plain = attention_fp8(inputs, config=specialized, sink_tile=False, **options)
-    assert error <= 0.06 and _error(plain, q, k, v) > 2 * error  # the side kernel is what fixes it
+    assert error <= min(0.06, 1.1 * _error(inline, q, k, v)), (error, _error(inline, q, k, v))
+    assert _error(plain, q, k, v) > 2 * error  # the side kernel is what fixes it
 
     chosen = dispatch.Choice(KernelConfig(**specialized), "database", None, 0.0, "test", Fp8Recipe(scaling, True, True))
     monkeypatch.setattr(dispatch.DISPATCHER, "choose_fp8", lambda *a, **kw: chosen)
