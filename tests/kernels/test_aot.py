@@ -577,6 +577,51 @@ def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
         assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
 
 
+WS_LSE_AOT = '''
+import json, re, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fa_autotune.kernels.aot import _specialize
+from fa_autotune.kernels.fwd import prepare
+from fa_autotune.spec.config import KernelConfig
+config = KernelConfig(access="tensor_desc", warp_specialize=True, BLOCK_N=128, num_stages=2, causal_mode="split")
+q = torch.empty(2, 16, 2048, 128, device="meta", dtype=torch.float16)
+lse = torch.empty(2, 16, 2048, device="meta", dtype=torch.float32)
+((launch, args),) = prepare(config, q, q, q, torch.empty_like(q), lse, 0.088, 0, False).launches(
+    q, q, q, torch.empty_like(q), lse)
+signature, consts, attrs = _specialize(launch, args + launch.fixed)
+ttgir = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=launch.options).asm["ttgir"]
+parts = []
+for part in re.split(r"\\n\\s*partition\\d+\\(", ttgir)[1:]:
+    ranges = re.findall(r"%(?:lse_rows|offs_m)\\w* = tt.make_range \\{[^}]*end = (\\d+) : i32, start = (\\d+)", part)
+    shifted = re.findall(r"(%\\w+) = arith.addi %start_m\\w*, %c64", part)
+    splats = [name for name in shifted if re.search(r"tt.splat " + re.escape(name) + r" ", part)]
+    parts.append({"ranges": ranges, "splat_of_shifted_start": splats})
+print(json.dumps(parts))
+'''
+
+
+def test_warp_specialized_lse_rows_are_not_shifted_twice(tmp_path):
+    """A warp-specialized Triton forward writing its LSE, compiled for sm_90: each consumer
+    partition stores the LSE of its own 64 rows (aranges 0-64 and 64-128 from the tile's
+    first row), and no partition adds its shifted tile start to an already shifted arange
+    (Triton 3.6's data partitioning does that to ``start_m + arange``, which put the second
+    consumer's LSE 64 rows too far; the epilogue now adds the arange to a scalar base)."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "ws_lse_aot.py"
+    script.write_text(WS_LSE_AOT)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    parts = [p for p in json.loads(result.stdout.splitlines()[-1]) if p["ranges"]]
+    assert sorted(tuple(map(int, r)) for p in parts for r in p["ranges"]) == [(64, 0), (128, 64)], parts
+    assert not any(p["splat_of_shifted_start"] for p in parts), parts
+
+
 FP8_CACHE_AOT = '''
 import json, torch, triton
 from triton.backends.compiler import GPUTarget
