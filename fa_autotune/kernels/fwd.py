@@ -15,12 +15,14 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter,
                      check_interpretable, ensure_allocator, explained, l2_section)
-from .checks import sink_tile_error
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
 _NO_SOURCES = (None, None)
+_SINK_STATE = ("SinkM", "SinkL")  # the sink tile's row max and sum, from the side kernel
+_SINK_SIDE = ("Q16", "K16", "V", "Out", "SinkM", "SinkL", "VScale")
+_SINK_ROWS = 64  # query rows per program of the side kernel (SINK_M in the template)
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
@@ -101,8 +103,6 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
         scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
         scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
-    if sources[0] is not None and (error := sink_tile_error(config)):
-        raise error
     if fp8_capable:  # the sink tile's 16-bit sources, or compile-time None
         for prefix, source in zip(("q16", "k16"), sources):
             strides = source.stride() if source is not None else (None,) * 4
@@ -111,13 +111,26 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     batch_heads = scalars["BH"]
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES + _SOURCES if fp8_capable else ()), scalars, flags, options)
+    sink_apart = "sink" in module.KERNELS  # warp-specialized: a side kernel scores the sink tile
+    fp8_names = _FP8_SCALES + _SOURCES + (_SINK_STATE if sink_apart else ())
+    main = Launch(kernel, grid, _Q_OUTER + (fp8_names if fp8_capable else ()), scalars, flags, options)
+    no_state = (None, None) if sink_apart else ()
+    if sink_apart and sources[0] is not None:
+        rows = scalars["N_Q"]
+        side = Launch(module.KERNELS["sink"], (triton.cdiv(rows, _SINK_ROWS) * batch_heads,), _SINK_SIDE, scalars,
+                      flags, {"num_warps": 4, "num_stages": 1})
 
-    if fp8_capable:
+        def calls(q, k, v, out, lse, scales):
+            q16, k16 = scales[5:7]
+            sink_m, sink_l = torch.empty((2, batch_heads, rows), device=q.device, dtype=torch.float32)
+            return [(side, (q16, k16, v, out, sink_m, sink_l, scales[2])),
+                    (main, (q, k, v, out, lse, *scales[:3], q16, k16, sink_m, sink_l))]
+    elif fp8_capable:
         def calls(q, k, v, out, lse, scales):
             if scales is None:
-                return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]
-            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES)))]
+                return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES, *no_state))]
+            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES),
+                            *no_state))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (q, k, v, out, lse))]
