@@ -20,9 +20,8 @@ from .render import KernelModule, load_module
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
 _NO_SOURCES = (None, None)
-_SINK_STATE = ("SinkM", "SinkL")  # the sink tile's row max and sum, from the side kernel
-_SINK_SIDE = ("Q16", "K16", "V", "Out", "SinkM", "SinkL", "VScale")
-_SINK_ROWS = 64  # query rows per program of the side kernel (SINK_M in the template)
+_SINK_MERGE = ("Q16", "K16", "V", "Out", "LsePart", "Lse", "VScale")  # a warp-specialized kernel's sink tile
+_SINK_ROWS = 64  # query rows per program of that kernel (SINK_M in the template)
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
@@ -111,26 +110,25 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     batch_heads = scalars["BH"]
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
-    sink_apart = "sink" in module.KERNELS  # warp-specialized: a side kernel scores the sink tile
-    fp8_names = _FP8_SCALES + _SOURCES + (_SINK_STATE if sink_apart else ())
-    main = Launch(kernel, grid, _Q_OUTER + (fp8_names if fp8_capable else ()), scalars, flags, options)
-    no_state = (None, None) if sink_apart else ()
-    if sink_apart and sources[0] is not None:
+    main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES + _SOURCES if fp8_capable else ()), scalars, flags, options)
+    if "sink" in module.KERNELS and sources[0] is not None:
+        # Warp-specialized: the main kernel skips the sink tile and writes its part's LSE; the
+        # sink kernel scores that tile and merges it into the output.
         rows = scalars["N_Q"]
-        side = Launch(module.KERNELS["sink"], (triton.cdiv(rows, _SINK_ROWS) * batch_heads,), _SINK_SIDE, scalars,
+        main = Launch(kernel, grid, _Q_OUTER + _FP8_SCALES + _SOURCES, scalars, dict(flags, WRITE_LSE=True), options)
+        sink = Launch(module.KERNELS["sink"], (triton.cdiv(rows, _SINK_ROWS) * batch_heads,), _SINK_MERGE, scalars,
                       flags, {"num_warps": 4, "num_stages": 1})
 
         def calls(q, k, v, out, lse, scales):
             q16, k16 = scales[5:7]
-            sink_m, sink_l = torch.empty((2, batch_heads, rows), device=q.device, dtype=torch.float32)
-            return [(side, (q16, k16, v, out, sink_m, sink_l, scales[2])),
-                    (main, (q, k, v, out, lse, *scales[:3], q16, k16, sink_m, sink_l))]
+            part = torch.empty((batch_heads, rows), device=q.device, dtype=torch.float32)
+            return [(main, (q, k, v, out, part, *scales[:3], q16, k16)),
+                    (sink, (q16, k16, v, out, part, lse, scales[2]))]
     elif fp8_capable:
         def calls(q, k, v, out, lse, scales):
             if scales is None:
-                return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES, *no_state))]
-            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES),
-                            *no_state))]
+                return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]
+            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES)))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (q, k, v, out, lse))]
