@@ -165,8 +165,6 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
             changes = dict(fp8_pv="separate") | tiles  # the recipe is the inputs' (quantized above)
             calls["sink_tile m{BLOCK_M}n{BLOCK_N}w{num_warps}s{num_stages}".format(**tiles)] = (
                 lambda changes=changes: fa_autotune.attention_fp8(x, causal=causal, config=changes))
-        if sweep and not small and not causal:  # warp-specialized 128 x 256 tiles (the H200's non-causal choice)
-            calls.update(_specialized_calls(q, k, v))
         errors = {name: _rel(fn(), ref) for name, fn in calls.items()}
         ms = _rounds(calls, rounds, rep_ms, device)
         work = 4.0 * b * h * n * n * d / (2 if causal else 1)
@@ -177,21 +175,6 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
                      "rel_error_outliers": _outlier_errors(b, h, n, d, causal, config, small, device)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
-
-
-def _specialized_calls(q, k, v) -> dict:
-    """The warp-specialized kernel (128 x 256, TMA, persistent) without the sink tile and with it
-    (a side kernel scores the first K tile), beside the unspecialized 64 x 128 kernel that ran
-    the sink tile before the side kernel existed, on the same per-block inputs (256-key blocks)."""
-    import fa_autotune
-
-    x = fa_autotune.quantize_fp8(q, k, v, scaling="per_block", hadamard=True, block_q=128, block_k=256)
-    ws = dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc", causal_mode="split",
-              warp_specialize=True, persistent=1)
-    inline = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3, access="pointer", causal_mode="split")
-    return {"ws plain": lambda: fa_autotune.attention_fp8(x, config=ws, sink_tile=False),
-            "ws sink_tile (side kernel)": lambda: fa_autotune.attention_fp8(x, config=ws),
-            "sink_tile m64n128w4s3 (inline)": lambda: fa_autotune.attention_fp8(x, config=inline)}
 
 
 def _outlier_errors(b: int, h: int, n: int, d: int, causal: bool, config, small: bool, device: str) -> dict:
@@ -236,10 +219,10 @@ def _markdown(result: dict) -> str:
                      f"{r['quantize_included']:.3f} | {r['rel_error']['quantize_here']:.4f} / "
                      f"{r['rel_error_outliers']['quantize_here']:.4f} | {r['rel_error']['quantize_here_plain']:.4f} / "
                      f"{r['rel_error_outliers']['quantize_here_plain']:.4f} |")
-    swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith(("sink_tile ", "ws "))]
+    swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith("sink_tile ")]
     if swept:
         lines += ["", "| problem | causal | sink tile config | ms | vs FP8 without | error |", "|---|---|---|---|---|---|"]
-        lines += [f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | {name.removeprefix('sink_tile ')} | "
+        lines += [f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | {name[10:]} | "
                   f"{r['ms'][name]:.4f} | {r['ms'][name] / r['ms']['plain']:.3f}x | {r['rel_error'][name]:.4f} |"
                   for r, name in swept]
     return "\n".join(lines) + "\n"

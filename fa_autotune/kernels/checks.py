@@ -177,6 +177,16 @@ def check_fp8_scales(config: KernelConfig, q_scale, k_scale, v_scale, block_q: i
                           "per-block V descales need 'separate'")
 
 
+def sink_tile_error(config: KernelConfig) -> ConfigError | None:
+    """The FP8 sink tile's 16-bit product beside the FP8 ones: Triton 3.6's warp-specialization
+    pass fails on it (128x256 tiles, compiled for sm_90), so it runs unspecialized."""
+    if config.warp_specialize:
+        return ConfigError("warp_specialize", "the FP8 sink tile runs without warp specialization "
+                           "(Triton 3.6 cannot warp-specialize its 16-bit product beside the FP8 ones): "
+                           "turn the sink tile off (sink_tile=False, fp8_sink_tile: false) or the warp specialization")
+    return None
+
+
 def per_block(scale) -> bool:
     """Whether a (batch, heads, blocks) descale tensor holds more than one descale per head."""
     return scale.shape[2] > 1 and scale.stride(2) != 0

@@ -15,13 +15,12 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter,
                      check_interpretable, ensure_allocator, explained, l2_section)
+from .checks import sink_tile_error
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
 _NO_SOURCES = (None, None)
-_SINK_MERGE = ("Q16", "K16", "V", "Out", "LsePart", "Lse", "VScale")  # a warp-specialized kernel's sink tile
-_SINK_ROWS = 64  # query rows per program of that kernel (SINK_M in the template)
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
@@ -102,6 +101,8 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
         scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
         scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+    if sources[0] is not None and (error := sink_tile_error(config)):
+        raise error
     if fp8_capable:  # the sink tile's 16-bit sources, or compile-time None
         for prefix, source in zip(("q16", "k16"), sources):
             strides = source.stride() if source is not None else (None,) * 4
@@ -111,20 +112,8 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES + _SOURCES if fp8_capable else ()), scalars, flags, options)
-    if "sink" in module.KERNELS and sources[0] is not None:
-        # Warp-specialized: the main kernel skips the sink tile and writes its part's LSE; the
-        # sink kernel scores that tile and merges it into the output.
-        rows = scalars["N_Q"]
-        main = Launch(kernel, grid, _Q_OUTER + _FP8_SCALES + _SOURCES, scalars, dict(flags, WRITE_LSE=True), options)
-        sink = Launch(module.KERNELS["sink"], (triton.cdiv(rows, _SINK_ROWS) * batch_heads,), _SINK_MERGE, scalars,
-                      flags, {"num_warps": 4, "num_stages": 1})
 
-        def calls(q, k, v, out, lse, scales):
-            q16, k16 = scales[5:7]
-            part = torch.empty((batch_heads, rows), device=q.device, dtype=torch.float32)
-            return [(main, (q, k, v, out, part, *scales[:3], q16, k16)),
-                    (sink, (q16, k16, v, out, part, lse, scales[2]))]
-    elif fp8_capable:
+    if fp8_capable:
         def calls(q, k, v, out, lse, scales):
             if scales is None:
                 return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]

@@ -65,8 +65,7 @@ def test_variant_compiles_for_hopper(results, problem, config):
     assert result.status == "ok", result.error
     assert result.uses_wgmma, "expected Hopper wgmma instructions in the PTX"
     assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
-    # split-KV: main + combine; FP8 warp-specialized: main + the sink tile's kernel
-    expected = 2 if config.loop_order == "split_kv" or (problem.is_fp8 and config.warp_specialize) else 1
+    expected = 2 if config.loop_order == "split_kv" else 1
     assert len(result.kernels) == expected
 
 
@@ -81,19 +80,12 @@ def test_impossible_variants_become_statuses():
 @pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2"),
                                                (FP8_FULL, "e4m3.e4m3")])
 def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
-    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16; the only 16-bit
-    product is the sink tile's scores (the default recipe's), inline or in the kernel that
-    follows a warp-specialized one."""
+    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16."""
     for (p, config), result in results.items():
         if p == problem:
-            kernel, *side = result.kernels
+            (kernel,) = result.kernels
             assert kernel.kernel == config.name and kernel.mma, kernel
-            assert [k.kernel for k in side] == ([config.name + "_sink"] if config.warp_specialize else [])
-            for report in result.kernels:
-                fp8 = [kind for kind in report.mma if kind.endswith(operands)]
-                half = [kind for kind in report.mma if kind.endswith(".f16.f16")]
-                assert fp8 and len(fp8) + len(half) == len(report.mma), report.mma
-                assert len(half) == (0 if report is kernel and config.warp_specialize else 1), report.mma
+            assert all(kind.endswith(operands) for kind in kernel.mma), kernel.mma
 
 
 QUANTIZE_AOT = '''
@@ -525,41 +517,47 @@ import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fa_autotune.fp8.quantize import empty_fp8_inputs
-from fa_autotune.kernels.aot import _mma_kinds, _setmaxnreg, _specialize, resource_usage
+from fa_autotune.kernels.aot import _mma_kinds, _specialize, resource_usage
+from fa_autotune.errors import ConfigError
 from fa_autotune.kernels.fwd import prepare
+from fa_autotune.runtime.select import for_sink_tile
 from fa_autotune.spec.config import KernelConfig
 out = {}
-# the shipped H200 FP8 non-causal config (warp-specialized 128x256): a side kernel scores the sink tile
+# the shipped H200 FP8 non-causal config (warp-specialized 128x256) as the sink tile runs it
 shipped = KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
                        causal_mode="split", warp_specialize=True, persistent=1)
 for name, config, causal in (("pointer", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3), True),
                              ("tensor_desc", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3,
                                                           access="tensor_desc"), False),
                              ("shipped-ws", shipped, False)):
-    x = empty_fp8_inputs((2, 16, 4096, 128), (2, 4, 4096, 128), "meta", block_q=128, block_k=config.BLOCK_N,
-                         sink_tile=True)
+    x = empty_fp8_inputs((2, 16, 4096, 128), (2, 4, 4096, 128), "meta", block_q=128, block_k=config.BLOCK_N)
+    sources = (torch.empty(2, 16, 4096, 128, device="meta", dtype=torch.bfloat16),
+               torch.empty(2, 4, 4096, 128, device="meta", dtype=torch.bfloat16))
     o = torch.empty(2, 16, 4096, 128, device="meta", dtype=torch.bfloat16)
-    launches = prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, x.scales).launches(
-        x.q, x.k, x.v, o, None, x.scales)
-    out[name] = []
-    for launch, args in launches:
-        signature, consts, attrs = _specialize(launch, args + launch.fixed)
-        compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=launch.options)
-        ptx = compiled.asm["ptx"]
-        out[name].append({"kernel": launch.kernel.__name__, "sink": launch.flags.get("SINK_TILE"),
-                          "shared": compiled.metadata.shared, "mma": sorted(_mma_kinds(ptx)),
-                          "setmaxnreg": len(_setmaxnreg(ptx)), "stack": resource_usage(compiled.asm["cubin"])[1]})
+    scales = x.scales + sources
+    refused = None
+    try:
+        prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, scales)
+    except ConfigError as error:
+        refused, config = error.parameter, for_sink_tile(config)
+    ((launch, args),) = prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, scales).launches(
+        x.q, x.k, x.v, o, None, scales)
+    signature, consts, attrs = _specialize(launch, args + launch.fixed)
+    compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=launch.options)
+    ptx = compiled.asm["ptx"]
+    out[name] = {"sink": launch.flags["SINK_TILE"], "shared": compiled.metadata.shared, "refused": refused,
+                   "mma": sorted(_mma_kinds(ptx)), "stack": resource_usage(compiled.asm["cubin"])[1]}
 print(json.dumps(out))
 '''
 
 
 def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
-    """The FP8 kernel with a sink tile (first K tile scored from 16-bit Q and K) compiles for
+    """The FP8 kernel with a sink tile (first K tile scored from bf16 Q and K) compiles for
     sm_90 on pointers and TMA: both FP8 products stay e4m3 wgmma, the sink tile's product a
-    16-bit one, within shared memory and without a spill. A warp-specialized config keeps its
-    specialization (setmaxnreg, FP8 products only) and a second kernel holds the 16-bit
-    product (Triton 3.6's warp-specialization pass fails on it inside the main kernel)."""
+    bf16 one, within shared memory and without a spill. A warp-specialized config (which
+    Triton 3.6 fails to compile with the sink tile) is refused by the plan, naming
+    warp_specialize, and its sink-tile form (:func:`for_sink_tile`) compiles."""
     import json
     import subprocess
     import sys
@@ -570,20 +568,13 @@ def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout.splitlines()[-1])
-    assert {name: [r["kernel"].endswith("_sink") for r in rs] for name, rs in reports.items()} == {
-        "pointer": [False], "tensor_desc": [False], "shipped-ws": [False, True]}
-    for name, kernels in reports.items():
-        for report in kernels:
-            kinds = report["mma"]
-            assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
-            fp8 = any(k.endswith("e4m3.e4m3") for k in kinds)
-            half = any(k.endswith("f16.f16") for k in kinds)
-            if report["kernel"].endswith("_sink"):  # the sink tile and the merge: 16-bit scores, FP8 PV
-                assert half and fp8, kinds
-            elif name == "shipped-ws":  # specialized, FP8 products only
-                assert report["sink"] is True and report["setmaxnreg"] > 0 and fp8 and not half, report
-            else:  # the sink tile inline
-                assert report["sink"] is True and fp8 and half and report["setmaxnreg"] == 0, report
+    assert {name: r["refused"] for name, r in reports.items()} == {
+        "pointer": None, "tensor_desc": None, "shipped-ws": "warp_specialize"}
+    for access, report in reports.items():
+        assert report["sink"] is True, access
+        kinds = report["mma"]
+        assert any(k.endswith("e4m3.e4m3") for k in kinds) and any(k.endswith("bf16.bf16") for k in kinds), kinds
+        assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
 
 
 WS_LSE_AOT = '''

@@ -90,3 +90,18 @@ def test_an_fp8_cache_runs_128_key_steps_where_they_fit():
                             (Problem(1, 32, 1, 4, 4096, 128, "bfloat16", kind="decode"), decode),
                             (gqa, decode.with_(num_splits=1, persistent=1))):
         assert for_fp8_cache(config, problem) == config
+
+
+def test_the_sink_tile_runs_hopper_unspecialized_fp8_tiles():
+    """A warp-specialized FP8 config with the sink tile becomes at most 64 x 128, 4 warps, 3
+    stages over pointers, unspecialized and without its persistent grid; others stay."""
+    from fa_autotune.runtime.select import for_sink_tile
+
+    shipped = KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
+                           causal_mode="split", warp_specialize=True, persistent=1)
+    assert for_sink_tile(shipped) == KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3,
+                                                  causal_mode="split")
+    small = shipped.with_(BLOCK_M=32, BLOCK_N=32)
+    assert for_sink_tile(small) == KernelConfig(BLOCK_M=32, BLOCK_N=32, num_stages=3, causal_mode="split")
+    plain = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8)
+    assert for_sink_tile(plain) == plain

@@ -49,8 +49,9 @@ def test_arch_overrides_and_grid():
     # the recipe is searched beside the kernel, and a constraint may read both
     assert {c.recipe for c in fp8} == {Fp8Recipe(s, h, t) for s in ("per_tensor", "per_head", "per_block")
                                        for h in (False, True) for t in (False, True)}
-    # warp-specialized kernels go with every recipe (a side kernel scores the sink tile)
-    assert {c.recipe.sink_tile for c in fp8 if c.config.warp_specialize} == {False, True}
+    # Triton 3.6 cannot warp-specialize the sink tile: those kernels go with recipes without it
+    assert any(c.config.warp_specialize for c in fp8)
+    assert not any(c.config.warp_specialize and c.recipe.sink_tile for c in fp8)
     assert not any(c.config.fp8_pv == "inplace" and c.recipe.scaling == "per_block" for c in fp8)
     ampere = _kernels(space.for_arch("sm80"), problem)
     assert ampere and not any(c.access == "tensor_desc" or c.warp_specialize for c in ampere)
