@@ -49,6 +49,14 @@ _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 4096
 
 
+def _forget_plans() -> None:
+    with _PLANS_LOCK:
+        _PLANS.clear()
+
+
+DISPATCHER.on_reset(_forget_plans)
+
+
 def _keep(key: tuple, plan: Any) -> None:
     """Keep ``plan`` for the next call with ``key`` (all kept plans dropped at the cap)."""
     with _PLANS_LOCK:
@@ -392,6 +400,11 @@ def attention_fp8(
     _refuse_grad(q, k, v, *((q.q, q.k, q.v) if isinstance(q, Fp8Inputs) else ()))
     if max_error is not None and not (isinstance(max_error, (int, float)) and max_error > 0):
         raise InputError(f"max_error must be a positive number, got {max_error!r}")
+    key = _fp8_key(q, k, v, causal, scale, config, max_error, scaling, hadamard, fmt, block_q, block_k, out_dtype,
+                   return_lse, sink_tile, causal_align)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(q, k, v)
     if isinstance(q, Fp8Inputs):
         if k is not None or v is not None:
             raise InputError("pass either one Fp8Inputs or q, k, v, not both")
@@ -433,8 +446,66 @@ def attention_fp8(
     chosen = _fp8_usable(chosen, problem, inputs, explicit=config is not None)
     out = torch.empty(q8.shape, device=q8.device, dtype=out_dtype)
     lse = torch.empty(q8.shape[:3], device=q8.device, dtype=torch.float32) if return_lse else None
-    run(chosen, problem, q8, k8, v8, resolve_scale(scale, problem.head_dim), out, lse, inputs.scales)
+    sm_scale = resolve_scale(scale, problem.head_dim)
+    if key is None or problem.is_empty:
+        run(chosen, problem, q8, k8, v8, sm_scale, out, lse, inputs.scales)
+        return (out, lse) if return_lse else out
+    check_interpretable(q8)
+    prepared = explained(chosen, lambda: prepare(chosen, q8, k8, v8, out, lse, sm_scale, problem.causal_offset,
+                                                 problem.causal, inputs.scales))()
+    plan = _Fp8Plan(chosen, prepared, out_dtype, return_lse, None if isinstance(q, Fp8Inputs) else (
+        dict(scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt, block_q=inputs.block_q,
+             block_k=inputs.block_k, check_finite=False, sink_tile=recipe.sink_tile)), sink_tile is not False)
+    _keep(key, plan)
+    explained(chosen, lambda: prepared(q8, k8, v8, out, lse, inputs.scales))()
     return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class _Fp8Plan:
+    """A kept attention_fp8 call: its kernel's prepared launch and, when it quantizes, the
+    quantize_fp8 arguments it was planned with; everything else the key fixed."""
+
+    config: KernelConfig
+    launch: ForwardPlan
+    out_dtype: torch.dtype
+    return_lse: bool
+    quantize: dict | None  # None: the call passes Fp8Inputs
+    sources: bool  # whether Fp8Inputs' sink-tile sources are read (sink_tile was not False)
+
+    def __call__(self, q, k, v):
+        inputs = q if self.quantize is None else quantize_fp8(q, k, v, **self.quantize)
+        scales = inputs.scales if self.sources else inputs.scales[:5]
+        out = torch.empty(inputs.q.shape, device=inputs.q.device, dtype=self.out_dtype)
+        lse = torch.empty(inputs.q.shape[:3], device=out.device, dtype=torch.float32) if self.return_lse else None
+        explained(self.config, lambda: self.launch(inputs.q, inputs.k, inputs.v, out, lse, scales))()
+        return (out, lse) if self.return_lse else out
+
+
+def _fp8_key(q, k, v, causal, scale, config, max_error, scaling, hadamard, fmt, block_q, block_k, out_dtype,
+             return_lse, sink_tile, causal_align) -> tuple | None:
+    """The attention_fp8 plan key: everything the first call's checks and choices read (the
+    tensors' shapes, strides, dtypes, devices and 16-byte alignment, the options), or None
+    where a call is not kept (an explicit config, options of other types)."""
+    if config is not None or causal.__class__ is not bool or not all(
+            x is None or x.__class__ in (bool, int, float, str) for x in (max_error, scaling, hadamard, fmt, block_q,
+                                                                         block_k, sink_tile, causal_align)):
+        return None
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        return None
+    if isinstance(q, Fp8Inputs):
+        if k is not None or v is not None:
+            return None
+        tensors = (q.q, q.k, q.v, q.q_scale, q.k_scale, q.v_scale, *(q.sources or ()))
+        held = (q.scaling, q.hadamard, q.fmt, q.block_q, q.block_k, q.sources is not None)
+    else:
+        tensors, held = (q, k, v), None
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    aligned = not any(t.data_ptr() & 15 for t in tensors)
+    return ("fp8", held, aligned, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors), causal,
+            _scale_key(scale), max_error, scaling, hadamard, fmt, block_q, block_k, out_dtype, return_lse, sink_tile,
+            causal_align)
 
 
 def _fp8_choice(problem: Problem, device: torch.device, config, max_error, parts: tuple | Fp8Recipe,

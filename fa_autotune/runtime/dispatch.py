@@ -21,7 +21,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import triton
 
@@ -73,6 +73,7 @@ class Dispatcher:
         self._sources: dict[tuple[str, int], list[_Source]] = {}
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        self._on_reset: list[Callable[[], None]] = []
         # Counts the problems served while a recording is on (fa_autotune.record,
         # FA_AUTOTUNE_RECORD); None otherwise, the one check the hot paths pay.
         self.recorder: Recorder | None = None
@@ -104,11 +105,19 @@ class Dispatcher:
         return choice
 
     def reset(self) -> None:
-        """Forget everything read so far (after a tune or an import in this process)."""
+        """Forget everything read so far (after a tune or an import in this process), and
+        the launch plans kept on earlier choices (:meth:`on_reset`)."""
         with self._lock:
             self._choices.clear()
             self._sources.clear()
             self._warned.clear()
+        for forget in self._on_reset:
+            forget()
+
+    def on_reset(self, forget: Callable[[], None]) -> None:
+        """Call ``forget`` on every :meth:`reset`: the plan caches built on this dispatcher's
+        choices (attention's, the KV cache's) register here."""
+        self._on_reset.append(forget)
 
     # ------------------------------------------------------------------ resolving
     def _resolve(self, problem: Problem, device_type: str, device_index: int) -> Choice:

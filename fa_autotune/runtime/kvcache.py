@@ -30,6 +30,14 @@ from .select import for_fp8_cache, runnable_decode
 _PLANS: dict[tuple, DecodePlan] = {}
 _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 1024
+
+
+def _forget_plans() -> None:
+    with _PLANS_LOCK:
+        _PLANS.clear()
+
+
+DISPATCHER.on_reset(_forget_plans)
 _DTYPES = ("float16", "bfloat16", "float32")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 

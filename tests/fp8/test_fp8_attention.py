@@ -276,9 +276,65 @@ def test_dispatched_sink_tile_runs_unspecialized(device, monkeypatch):
                                                            num_stages=3)
     chosen = dispatch.Choice(specialized, "database", None, 0.0, "test", Fp8Recipe())
     monkeypatch.setattr(dispatch.DISPATCHER, "choose_fp8", lambda *a, **kw: chosen)
+    monkeypatch.setattr(api, "_PLANS", {})  # no plan kept from another test
     ran = []
-    real = api.run
-    monkeypatch.setattr(api, "run", lambda config, *args: ran.append(config) or real(config, *args))
+    real = api.prepare
+    monkeypatch.setattr(api, "prepare", lambda config, *args: ran.append(config) or real(config, *args))
     q, k, v = _sink_inputs(device, n_q=64, n_k=64)
     out = attention_fp8(q, k, v, sink_tile=True, block_q=32, block_k=32)
     assert not ran[-1].warp_specialize and _error(out, q, k, v) <= 0.06
+
+
+def test_repeated_calls_reuse_their_plan(device, monkeypatch):
+    """attention_fp8 keeps a call's plan (dispatch, checks, prepared launch) under its shapes,
+    strides, dtypes, devices and options, as attention() does: the second call neither
+    dispatches nor prepares, gives the same output, and any change of those makes a new plan."""
+    from fa_autotune.runtime import api
+
+    calls = {"prepare": 0, "choose": 0}
+    real_prepare, real_choice = api.prepare, api._fp8_choice
+    monkeypatch.setattr(api, "prepare", lambda *a, **kw: calls.__setitem__("prepare", calls["prepare"] + 1)
+                        or real_prepare(*a, **kw))
+    monkeypatch.setattr(api, "_fp8_choice", lambda *a, **kw: calls.__setitem__("choose", calls["choose"] + 1)
+                        or real_choice(*a, **kw))
+    monkeypatch.setattr(api, "_PLANS", {})
+    q, k, v = _sink_inputs(device, n_q=64, n_k=64)
+    x = quantize_fp8(q, k, v, block_q=32, block_k=32)
+    for args, options in (((q, k, v), dict(block_q=32, block_k=32)), ((x,), {})):
+        first = attention_fp8(*args, **options)
+        seen = dict(calls)
+        second = attention_fp8(*args, **options)
+        assert calls == seen and torch.equal(first, second)
+        assert _error(second, q, k, v) <= 0.06
+        for changed in (dict(causal=True), dict(sink_tile=False), dict(return_lse=True), dict(out_dtype=torch.float16)):
+            out = attention_fp8(*args, **options, **changed)
+            assert calls["prepare"] > seen["prepare"], changed
+            seen = dict(calls)
+            again = attention_fp8(*args, **options, **changed)
+            assert calls == seen
+            if changed.get("return_lse"):
+                assert torch.equal(out[0], again[0]) and torch.equal(out[1], again[1])
+            else:
+                assert torch.equal(out, again)
+    # an explicit config is not kept (it is parsed, checked and run on the general path)
+    ran = []
+    real_run = api.run
+    monkeypatch.setattr(api, "run", lambda *a: ran.append(a[0]) or real_run(*a))
+    attention_fp8(x, config=SMALL)
+    attention_fp8(x, config=SMALL)
+    assert len(ran) == 2
+    with pytest.raises(InputError, match="sink_tile=True needs"):  # a refused call is never kept
+        attention_fp8(quantize_fp8(q, k, v, block_q=32, block_k=32, sink_tile=False), sink_tile=True)
+
+
+def test_a_dispatcher_reset_forgets_kept_plans(device, monkeypatch):
+    """After DISPATCHER.reset() (a tune or an import in this process) the next call consults
+    the dispatcher again instead of running a plan kept on its earlier choice."""
+    from fa_autotune.runtime import api, dispatch
+
+    monkeypatch.setattr(api, "_PLANS", {})
+    q, k, v = _sink_inputs(device, n_q=64, n_k=64)
+    attention_fp8(q, k, v, block_q=32, block_k=32)
+    assert api._PLANS
+    dispatch.DISPATCHER.reset()
+    assert not api._PLANS

@@ -585,10 +585,10 @@ def test_a_tuned_fp8_recipe_travels_from_the_store_to_the_quantizer(tmp_path, mo
     dispatch.DISPATCHER.reset()
 
     quantized, ran = [], []
-    quantize, run = api.quantize_fp8, api.run
+    quantize, prepare = api.quantize_fp8, api.prepare
     monkeypatch.setattr(api, "quantize_fp8", lambda *a, **kw: quantized.append((kw["scaling"], kw["hadamard"]))
                         or quantize(*a, **kw))
-    monkeypatch.setattr(api, "run", lambda config, *a: ran.append(config) or run(config, *a))
+    monkeypatch.setattr(api, "prepare", lambda config, *a: ran.append(config) or prepare(config, *a))
     q, k, v = make_qkv(1, 2, 2, 64, 64, 32)
     out = fa_autotune.attention_fp8(q, k, v)
     assert (quantized[-1], ran[-1]) == (("per_head", False), fast.config)
