@@ -1,17 +1,21 @@
-"""Fused FP8 quantization on the GPU: rotation, group maxima and scaling in two Triton passes.
+"""Fused FP8 quantization on the GPU: rotation, group maxima and scaling in Triton kernels.
 
 The eager-PyTorch path of :func:`fa_autotune.quantize_fp8` makes a dozen float32 copies of
 each input (Hadamard butterflies, maxima, division, clamp, cast) and cost several times the
-FP8 attention kernel it feeds. Here each input is read twice in its own dtype and written
-once as FP8:
+FP8 attention kernel it feeds. Here per-tensor and per-head scaling read each input twice in
+its own dtype and write it once as FP8:
 
 1. ``_chunk_amax``: per CHUNK rows of one head, the max |x M| (M = the signed Hadamard
    matrix, or the identity), NaN counted as inf so that a bad input cannot hide.
 2. ``_scale_cast``: x M again, divided by its group's descale (amax / fmt_max, as the eager
    path defines it), clamped and cast; stored with any output strides (V goes out
-   sequence-contiguous for the FP8 PV product). Per-block descales are reduced from the
-   chunk maxima right there, so the default recipe is two launches per tensor; per-tensor
-   and per-head ones come from a few tiny torch ops in between.
+   sequence-contiguous for the FP8 PV product). Per-tensor and per-head descales come from
+   a few tiny torch ops in between.
+
+Per-block scaling (the default recipe) is one launch per tensor, ``_quantize_blocks``: a
+program owns one scaling block, takes its maximum over CHUNK-row pieces and then scales and
+casts the same pieces, which it has just read (the second read comes from L2, so the input
+crosses DRAM once).
 
 The rotation is one ``tl.dot`` with M's entries ±1 (exact in fp16 and bf16) and float32
 accumulation, scaled by 1/sqrt(n) afterwards: the same values as the butterflies up to
@@ -75,45 +79,60 @@ def _fp8_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
-def _block_scales(amax_ptr, scale_ptr, b, h, bh, rows, N, n_chunks, s_stride_b, s_stride_h, s_stride_n, fmax,
-                  BLOCK: tl.constexpr, GROUP: tl.constexpr):
-    """Per-row descales of per-block scaling, from the GROUP chunk maxima of each row's block:
-    amax / fmax (1 for an all-zero block, never below float32's tiny; NaN for a block holding
-    NaN or inf, whose maximum is inf here, so that the attention output is not finite either,
-    as quantize._scale_of says). The program holding a block's first row stores that block's
-    descale for the attention kernel."""
-    chunks = (rows // BLOCK)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    amax = tl.max(tl.load(amax_ptr + bh.to(tl.int64) * n_chunks + chunks, mask=chunks < n_chunks, other=0.0), axis=1)
-    scale = tl.maximum(tl.where(amax > 0, amax / fmax, 1.0), 1.1754943508222875e-38)
-    scale = tl.where(amax == float("inf"), float("nan"), scale)
-    first = (rows % BLOCK == 0) & (rows < N)
-    tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, scale, mask=first)
-    return scale
-
-
-@triton.jit
-def _scale_cast(x_ptr, m_ptr, scale_ptr, amax_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
-                o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, n_chunks,
-                inv_sqrt_n, fmax, BLOCK: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                ROWS: tl.constexpr, ROTATE: tl.constexpr, PER_BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
+                o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N,
+                inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr,
                 MBITS: tl.constexpr, EMIN: tl.constexpr):
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
                             ROTATE, INTERPRET)
     b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
-    if PER_BLOCK:
-        scale = _block_scales(amax_ptr, scale_ptr, b, h, bh, rows, N, n_chunks, s_stride_b, s_stride_h, s_stride_n,
-                              fmax, BLOCK, GROUP)
-    else:
-        scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
-                        other=1.0)
-    q = tl.clamp(y * inv_sqrt_n / scale[:, None], -fmax, fmax)
+    scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
+                    other=1.0)
+    _cast_store(y * inv_sqrt_n / scale[:, None], out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
+                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
+
+
+@triton.jit
+def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
+                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Clamp scaled values to the format's range, cast and store them (any output strides)."""
+    q = tl.clamp(y, -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
     cols = tl.arange(0, DP)
     out = (out_ptr + b * o_stride_b + h * o_stride_h + rows[:, None].to(tl.int64) * o_stride_n
            + cols[None, :] * o_stride_d)
     tl.store(out, q.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
+                     o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, inv_sqrt_n,
+                     fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
+                     ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Per-block scaling in one launch: this program's BLOCK rows in ROWS-row pieces, their
+    maximum |x M| first (NaN counted as inf), then the descale (amax / fmax; 1 for an
+    all-zero block, never below float32's tiny; NaN for a block holding NaN or inf, as
+    quantize._scale_of says) stored and the same pieces scaled and cast."""
+    bh, blk = tl.program_id(0), tl.program_id(1)
+    first = blk * (BLOCK // ROWS)
+    amax = tl.full([], 0.0, tl.float32)
+    for i in range(BLOCK // ROWS):
+        y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
+                                ROWS, ROTATE, INTERPRET)
+        a = tl.where(y == y, tl.abs(y * inv_sqrt_n), float("inf"))
+        amax = tl.maximum(amax, tl.max(tl.max(a, axis=1), axis=0))
+    scale = tl.maximum(tl.where(amax > 0, amax / fmax, 1.0), 1.1754943508222875e-38)
+    scale = tl.where(amax == float("inf"), float("nan"), scale)
+    b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
+    tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + blk * s_stride_n, scale)
+    for i in range(BLOCK // ROWS):
+        y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
+                                ROWS, ROTATE, INTERPRET)
+        _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
+                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
 
 
 def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> torch.Tensor:
@@ -128,19 +147,33 @@ def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> to
 
 
 def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, block: int, fmax: float,
-               out: torch.Tensor, amax: torch.Tensor | None = None) -> torch.Tensor:
-    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides).
-    Given the chunk maxima of :func:`chunk_amax` (chunks of min(CHUNK, block) rows), the
-    per-block descales are computed here and written into ``scale`` (no torch ops between)."""
+               out: torch.Tensor) -> torch.Tensor:
+    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides)."""
     batch, heads, n, d = x.shape
-    e4m3 = out.dtype == torch.float8_e4m3fn
-    group = block // min(CHUNK, block)
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
-        x, m if m is not None else x, scale, amax if amax is not None else scale, out, *x.stride(), *out.stride(),
-        *scale.stride(), heads, n, amax.shape[2] if amax is not None else 1, _inv_sqrt_n(d, m), fmax, BLOCK=block,
-        GROUP=group, D=d, DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None, PER_BLOCK=amax is not None,
-        INTERPRET=_interpreting(), MBITS=3 if e4m3 else 2, EMIN=-6 if e4m3 else -14)
+        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
+        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None,
+        INTERPRET=_interpreting(), **_format(out))
     return out
+
+
+def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float,
+                    out: torch.Tensor) -> torch.Tensor:
+    """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
+    strides) and return the (B, H, ceil(N / block)) float32 descales."""
+    batch, heads, n, d = x.shape
+    scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
+    _quantize_blocks[(batch * heads, scale.shape[2])](
+        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
+        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None,
+        INTERPRET=_interpreting(), **_format(out))
+    return scale
+
+
+def _format(out: torch.Tensor) -> dict:
+    """The FP8 format's mantissa bits and smallest normal exponent (the interpreter's rounding)."""
+    e4m3 = out.dtype == torch.float8_e4m3fn
+    return {"MBITS": 3 if e4m3 else 2, "EMIN": -6 if e4m3 else -14}
 
 
 def _interpreting() -> bool:

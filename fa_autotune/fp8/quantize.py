@@ -116,8 +116,8 @@ def quantize_fp8(
     ``scaling`` picks the group sharing one scale: the whole tensor, one (batch, head),
     or ``block_q`` / ``block_k`` rows of one head. ``hadamard`` rotates Q and K by the same
     random orthonormal Hadamard matrix (from ``seed``) first. GQA (Hq a multiple of Hkv)
-    is fine: every tensor is scaled over its own heads. ``backend``: "triton" (two fused
-    passes per tensor; fp16/bf16 inputs), "torch" (eager float32 reference), or "auto"
+    is fine: every tensor is scaled over its own heads. ``backend``: "triton" (fused
+    kernels, one launch per tensor for per-block scaling; fp16/bf16 inputs), "torch" (eager float32 reference), or "auto"
     (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
     inputs, at the cost of one host-device sync (attention_fp8 skips it, as attention() does
     not scan its inputs either). ``sink_tile`` keeps q and k themselves (no copy) so that the
@@ -217,19 +217,18 @@ def _torch_quantizer(signs: torch.Tensor | None, check_finite: bool):
 
 
 def _kernel_quantizer(q: torch.Tensor, seed: int | None):
-    """Two fused Triton passes per tensor (fa_autotune.fp8.kernels); Q and K rotated
+    """Fused Triton passes per tensor (fa_autotune.fp8.kernels: one launch for per-block
+    scaling, two otherwise); Q and K rotated
     when ``seed`` is given. Non-finite maxima give non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
 
     def quantize(name, x, scaling, block, fmax, dtype, is_v):
         batch, heads, n, _ = x.shape
-        rows = min(kernels.CHUNK, block) if scaling == "per_block" else kernels.CHUNK
-        amax = kernels.chunk_amax(x, None if is_v else m, rows)
         out = _fp8_like(x.shape, x.device, dtype, is_v)
-        if scaling == "per_block":  # descales computed and stored by the second pass
-            scale = torch.empty(batch, heads, -(-n // block), device=x.device, dtype=torch.float32)
-            return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, amax), scale
-        scale = _scale_of(_group_amax(amax, scaling, block // rows), fmax, batch, heads, -(-n // block))
+        if scaling == "per_block":  # one launch: maxima, descales, cast
+            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out)
+        amax = kernels.chunk_amax(x, None if is_v else m, kernels.CHUNK)
+        scale = _scale_of(_group_amax(amax, scaling, block // kernels.CHUNK), fmax, batch, heads, -(-n // block))
         return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out), scale
 
     return quantize

@@ -368,3 +368,21 @@ def test_fused_backend_names_what_it_needs_without_a_gpu(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "backend='triton' needs CUDA tensors" in result.stdout
     assert result.stdout.strip().endswith("torch.float8_e4m3fn")  # "auto" takes the torch path on the CPU
+
+
+def test_per_block_scaling_is_one_launch_per_tensor(monkeypatch):
+    """Per-block scaling (the default recipe) runs one kernel per tensor that takes each
+    block's maximum and then casts it; per-tensor and per-head still take the maxima pass."""
+    from fa_autotune.fp8 import kernels
+
+    launches = []
+    for name in ("chunk_amax", "scale_cast", "quantize_blocks"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name, **kw: launches.append(_name)
+                            or _real(*a, **kw))
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 64)
+    quantize_fp8(q, k, v, backend="triton", block_q=64, block_k=32)
+    assert launches == ["quantize_blocks"] * 3
+    launches.clear()
+    quantize_fp8(q, k, v, backend="triton", scaling="per_head")
+    assert launches == ["chunk_amax", "scale_cast"] * 3

@@ -105,24 +105,30 @@ for dtype in ("fp16", "bf16"):
         k = triton.compile(ASTSource(qk._chunk_amax, sig, dict(D=80, DP=128, ROWS=64, ROTATE=rotate, INTERPRET=False)),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         out[f"amax {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
-        for block, group in ((0, 1), (64, 1), (256, 4)):
-            sig = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "scale_ptr": "*fp32", "amax_ptr": "*fp32",
-                   "out_ptr": "*fp8e4nv", **ints("stride_b", "stride_h", "stride_n", "stride_d", "o_stride_b",
-                   "o_stride_h", "o_stride_n", "o_stride_d", "s_stride_b", "s_stride_h", "s_stride_n", "heads", "N",
-                   "n_chunks"), "inv_sqrt_n": "fp32", "fmax": "fp32",
-                   **consts("BLOCK", "GROUP", "D", "DP", "ROWS", "ROTATE", "PER_BLOCK", "INTERPRET", "MBITS", "EMIN")}
-            c = dict(BLOCK=block or 128, GROUP=group, D=80, DP=128, ROWS=64, ROTATE=rotate, PER_BLOCK=block > 0,
-                     INTERPRET=False, MBITS=3, EMIN=-6)
-            k = triton.compile(ASTSource(qk._scale_cast, sig, c), target=GPUTarget("cuda", 90, 32),
+        common = {"x_ptr": f"*{dtype}", "m_ptr": f"*{dtype}", "scale_ptr": "*fp32", "out_ptr": "*fp8e4nv",
+                  **ints("stride_b", "stride_h", "stride_n", "stride_d", "o_stride_b", "o_stride_h", "o_stride_n",
+                         "o_stride_d", "s_stride_b", "s_stride_h", "s_stride_n", "heads", "N"),
+                  "inv_sqrt_n": "fp32", "fmax": "fp32",
+                  **consts("BLOCK", "D", "DP", "ROWS", "ROTATE", "INTERPRET", "MBITS", "EMIN")}
+        c = dict(BLOCK=128, D=80, DP=128, ROWS=64, ROTATE=rotate, INTERPRET=False, MBITS=3, EMIN=-6)
+        k = triton.compile(ASTSource(qk._scale_cast, common, c), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4})
+        out[f"cast {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+        for block in (16, 64, 256):  # per-block scaling in one launch
+            c = dict(c, BLOCK=block, ROWS=min(64, block))
+            k = triton.compile(ASTSource(qk._quantize_blocks, common, c), target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": 4})
-            out[f"cast {dtype} {rotate} {block}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
+            # 16 rows are below wgmma's 64: the rotation takes mma.sync there
+            out[f"blocks {dtype} {rotate} {block}"] = [("wgmma" if block >= 64 else "mma.sync") in k.asm["ptx"],
+                                                       k.metadata.shared]
 print(json.dumps(out))
 '''
 
 
 def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
-    """The FP8 quantization passes compile for sm_90 (fp16 and bf16, rotated or not, every
-    descale mode); the Hadamard rotation runs on the tensor cores (wgmma)."""
+    """The FP8 quantization kernels compile for sm_90 (fp16 and bf16, rotated or not: the
+    maxima and cast passes, and per-block scaling in one launch for blocks of 16-256 rows);
+    the Hadamard rotation runs on the tensor cores (wgmma)."""
     import json
     import os
     import subprocess
@@ -133,7 +139,7 @@ def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
                             cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(report) == 16
+    assert len(report) == 20
     for name, (wgmma, shared) in report.items():
         rotated = name.split()[2] == "True"
         assert wgmma == rotated, name
