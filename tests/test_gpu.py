@@ -240,12 +240,19 @@ def test_fused_fp8_quantization_matches_eager(scaling, dtype):
 
 def test_tuner_warm_compile_uses_the_fp8_inputs():
     """The tuner's GPU compile step compiles each config for the layout it will be timed on:
-    FP8 with V sequence-contiguous, so TMA and warp-specialized FP8 configs compile."""
+    FP8 with V sequence-contiguous, so TMA and warp-specialized FP8 configs compile (without
+    the sink tile, which those cannot hold), and with the default recipe's sink tile its
+    16-bit sources beside the descales."""
     from fa_autotune.tune.compile import compile_for_tuning
     from fa_autotune.spec.config import KernelConfig
     from fa_autotune.spec.problem import Problem
+    from fa_autotune.spec.recipe import Fp8Recipe
 
+    problem = Problem(1, 2, 2, 1024, 1024, 128, "float8_e4m3fn")
     config = KernelConfig(BLOCK_M=128, BLOCK_N=256 if HOPPER else 128, num_warps=4, num_stages=2,
                           access="tensor_desc" if HOPPER else "block_ptr", warp_specialize=HOPPER)
-    result = compile_for_tuning(config, Problem(1, 2, 2, 1024, 1024, 128, "float8_e4m3fn"))
+    result = compile_for_tuning(config, problem, recipe=Fp8Recipe(sink_tile=False))
+    assert result.status == "ok", result.error
+    plain = config.with_(warp_specialize=False, num_warps=8)
+    result = compile_for_tuning(plain, problem)  # the default recipe: the sink tile
     assert result.status == "ok", result.error

@@ -175,10 +175,12 @@ def tile_blocks(block_m: int, block_n: int) -> tuple[int, int]:
 
 
 def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str, fmt: str = "e4m3",
-                     scaling: str = "per_block", block_q: int = 128, block_k: int = 128) -> Fp8Inputs:
+                     scaling: str = "per_block", block_q: int = 128, block_k: int = 128,
+                     sink_tile: bool = False) -> Fp8Inputs:
     """Uninitialized FP8 inputs laid out exactly as :func:`quantize_fp8` returns them (V
-    sequence-contiguous, descales with the strides of ``scaling``): what compiling a kernel
-    for such inputs needs, without their data or a quantization pass."""
+    sequence-contiguous, descales with the strides of ``scaling``, with ``sink_tile`` the
+    16-bit q and k kept beside them): what compiling a kernel for such inputs needs, without
+    their data or a quantization pass."""
     _check_choice("scaling", scaling, SCALINGS)
     dtype = fp8_dtype(fmt)
 
@@ -190,7 +192,9 @@ def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str
     return Fp8Inputs(q=_fp8_like(q_shape, device, dtype, False), k=_fp8_like(kv_shape, device, dtype, False),
                      v=_fp8_like(kv_shape, device, dtype, True), q_scale=descale(q_shape, block_q),
                      k_scale=descale(kv_shape, block_k), v_scale=descale(kv_shape, block_k), scaling=scaling,
-                     hadamard=False, fmt=fmt, block_q=block_q, block_k=block_k, seed=0)
+                     hadamard=False, fmt=fmt, block_q=block_q, block_k=block_k, seed=0,
+                     sources=(torch.empty(q_shape, device=device, dtype=torch.float16),
+                              torch.empty(kv_shape, device=device, dtype=torch.float16)) if sink_tile else None)
 
 
 def _fp8_like(shape: tuple, device: torch.device | str, dtype: torch.dtype, seq_contiguous: bool) -> torch.Tensor:

@@ -93,8 +93,9 @@ def example(config: KernelConfig, problem: Problem, device: torch.device | str, 
     kv_shape = (problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim)
     if problem.is_fp8:
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
-        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], (recipe or Fp8Recipe()).scaling,
-                             block_q, block_k)
+        recipe = recipe or Fp8Recipe()
+        x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], recipe.scaling, block_q, block_k,
+                             sink_tile=recipe.sink_tile)
         return Operands(x.q, x.k, x.v, torch.empty(q_shape, device=device, dtype=torch.bfloat16), x.scales)
     dtype = getattr(torch, problem.dtype)
     q, out = (torch.empty(q_shape, device=device, dtype=dtype) for _ in range(2))
