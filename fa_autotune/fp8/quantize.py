@@ -116,9 +116,9 @@ def quantize_fp8(
     ``scaling`` picks the group sharing one scale: the whole tensor, one (batch, head),
     or ``block_q`` / ``block_k`` rows of one head. ``hadamard`` rotates Q and K by the same
     random orthonormal Hadamard matrix (from ``seed``) first. GQA (Hq a multiple of Hkv)
-    is fine: every tensor is scaled over its own heads. ``backend``: "triton" (fused
-    kernels, one launch per tensor for per-block scaling; fp16/bf16 inputs), "torch" (eager float32 reference), or "auto"
-    (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
+    is fine: every tensor is scaled over its own heads. ``backend``: "triton" (fused kernels,
+    one launch per tensor for per-block scaling; fp16/bf16 inputs), "torch" (eager float32
+    reference), or "auto" (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
     inputs, at the cost of one host-device sync (attention_fp8 skips it, as attention() does
     not scan its inputs either). ``sink_tile`` keeps q and k themselves (no copy) so that the
     kernel scores the first K tile from them: with attention sinks (first keys whose scores
@@ -221,9 +221,9 @@ def _torch_quantizer(signs: torch.Tensor | None, check_finite: bool):
 
 
 def _kernel_quantizer(q: torch.Tensor, seed: int | None):
-    """Fused Triton passes per tensor (fa_autotune.fp8.kernels: one launch for per-block
-    scaling, two otherwise); Q and K rotated
-    when ``seed`` is given. Non-finite maxima give non-finite descales, checked by the caller."""
+    """Fused Triton kernels per tensor (fa_autotune.fp8.kernels: one launch for per-block
+    scaling, two otherwise); Q and K rotated when ``seed`` is given. Non-finite maxima give
+    non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
 
     def quantize(name, x, scaling, block, fmax, dtype, is_v):

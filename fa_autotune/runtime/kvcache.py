@@ -30,6 +30,8 @@ from .select import for_fp8_cache, runnable_decode
 _PLANS: dict[tuple, DecodePlan] = {}
 _PLANS_LOCK = threading.Lock()
 _MAX_PLANS = 1024
+_DTYPES = ("float16", "bfloat16", "float32")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _forget_plans() -> None:
@@ -38,8 +40,6 @@ def _forget_plans() -> None:
 
 
 DISPATCHER.on_reset(_forget_plans)
-_DTYPES = ("float16", "bfloat16", "float32")
-_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def attention_with_kvcache(

@@ -329,12 +329,14 @@ def test_repeated_calls_reuse_their_plan(device, monkeypatch):
 
 def test_a_dispatcher_reset_forgets_kept_plans(device, monkeypatch):
     """After DISPATCHER.reset() (a tune or an import in this process) the next call consults
-    the dispatcher again instead of running a plan kept on its earlier choice."""
-    from fa_autotune.runtime import api, dispatch
+    the dispatcher again instead of running a plan kept on its earlier choice (the KV cache's
+    plans go too)."""
+    from fa_autotune.runtime import api, dispatch, kvcache
 
     monkeypatch.setattr(api, "_PLANS", {})
+    monkeypatch.setattr(kvcache, "_PLANS", {("kept",): None})
     q, k, v = _sink_inputs(device, n_q=64, n_k=64)
     attention_fp8(q, k, v, block_q=32, block_k=32)
     assert api._PLANS
     dispatch.DISPATCHER.reset()
-    assert not api._PLANS
+    assert not api._PLANS and not kvcache._PLANS
