@@ -10,7 +10,9 @@ rounds on one set of inputs, every output checked first:
   not, on inputs with attention sinks (the first 4 keys' K x40, V x10): time and the relative
   error of each against float32; and ``attention_fp8`` quantizing the fp16 inputs itself with
   the default recipe (the sink tile on) and without the sink tile, its error on the sink
-  inputs and on the tuner's outlier-channel inputs too.
+  inputs and on the tuner's outlier-channel inputs too. ``--sweep`` adds other tiles, the
+  warp-specialized kernel with the sink tile's second kernel (64 or 128 rows a program) and
+  the Gluon FlashAttention-3 kernel with FP8 products, with and without the sink tile.
 
     python3 benchmarks/fp8_cache_and_sinks.py --out DIR [--rounds 3] [--rep-ms 100] [--sweep]
 
@@ -165,6 +167,15 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
             changes = dict(fp8_pv="separate") | tiles  # the recipe is the inputs' (quantized above)
             calls["sink_tile m{BLOCK_M}n{BLOCK_N}w{num_warps}s{num_stages}".format(**tiles)] = (
                 lambda changes=changes: fa_autotune.attention_fp8(x, causal=causal, config=changes))
+        if sweep and not small and not causal:  # warp-specialized 128 x 256 tiles (the H200's non-causal choice)
+            calls.update(_specialized_calls(q, k, v))
+        if sweep and not small:  # FlashAttention-3's schedule in Gluon with FP8 products
+            gluon = dict(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2,
+                         persistent=1, dynamic=causal)
+            calls["gluon plain"] = lambda gluon=gluon: fa_autotune.attention_fp8(x, causal=causal, config=gluon,
+                                                                                 sink_tile=False)
+            calls["gluon sink_tile (side kernel)"] = lambda gluon=gluon: fa_autotune.attention_fp8(
+                x, causal=causal, config=gluon)
         errors = {name: _rel(fn(), ref) for name, fn in calls.items()}
         ms = _rounds(calls, rounds, rep_ms, device)
         work = 4.0 * b * h * n * n * d / (2 if causal else 1)
@@ -175,6 +186,32 @@ def sink_rows(small: bool, device: str, rounds: int, rep_ms: float, sweep: bool 
                      "rel_error_outliers": _outlier_errors(b, h, n, d, causal, config, small, device)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _specialized_calls(q, k, v) -> dict:
+    """The warp-specialized kernel (128 x 256, TMA, persistent) without the sink tile and with it
+    (a side kernel scores the first K tile, 64 or 128 rows per program), beside the
+    unspecialized 64 x 128 kernel that ran the sink tile before the side kernel existed, on
+    the same per-block inputs (256-key blocks)."""
+    import fa_autotune
+
+    x = fa_autotune.quantize_fp8(q, k, v, scaling="per_block", hadamard=True, block_q=128, block_k=256)
+    ws = dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc", causal_mode="split",
+              warp_specialize=True, persistent=1)
+    inline = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3, access="pointer", causal_mode="split")
+    from fa_autotune.kernels import fwd
+
+    def taller():  # the side kernel at 128 rows and 8 warps per program (fwd.SINK_SHAPE)
+        default, fwd.SINK_SHAPE = fwd.SINK_SHAPE, (128, 8)
+        try:
+            return fa_autotune.attention_fp8(x, config=ws)
+        finally:
+            fwd.SINK_SHAPE = default
+
+    return {"ws plain": lambda: fa_autotune.attention_fp8(x, config=ws, sink_tile=False),
+            "ws sink_tile (side kernel)": lambda: fa_autotune.attention_fp8(x, config=ws),
+            "ws sink_tile (side kernel m128w8)": taller,
+            "sink_tile m64n128w4s3 (inline)": lambda: fa_autotune.attention_fp8(x, config=inline)}
 
 
 def _outlier_errors(b: int, h: int, n: int, d: int, causal: bool, config, small: bool, device: str) -> dict:
@@ -219,10 +256,10 @@ def _markdown(result: dict) -> str:
                      f"{r['quantize_included']:.3f} | {r['rel_error']['quantize_here']:.4f} / "
                      f"{r['rel_error_outliers']['quantize_here']:.4f} | {r['rel_error']['quantize_here_plain']:.4f} / "
                      f"{r['rel_error_outliers']['quantize_here_plain']:.4f} |")
-    swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith("sink_tile ")]
+    swept = [(r, name) for r in result["sinks"] for name in r["ms"] if name.startswith(("sink_tile ", "ws "))]
     if swept:
         lines += ["", "| problem | causal | sink tile config | ms | vs FP8 without | error |", "|---|---|---|---|---|---|"]
-        lines += [f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | {name[10:]} | "
+        lines += [f"| B{r['batch']} H{r['heads']} N{r['seqlen']} D{r['head_dim']} | {r['causal']} | {name.removeprefix('sink_tile ')} | "
                   f"{r['ms'][name]:.4f} | {r['ms'][name] / r['ms']['plain']:.3f}x | {r['rel_error'][name]:.4f} |"
                   for r, name in swept]
     return "\n".join(lines) + "\n"

@@ -45,7 +45,6 @@ from .spec.candidate import Candidate
 from .spec.config import KernelConfig
 from .runtime.dispatch import DISPATCHER
 from .runtime.kvcache import attention_with_kvcache
-from .runtime.select import for_sink_tile
 from .spec.defaults import decode_default, default_for
 from .spec.problem import Problem
 from .spec.space import load_space
@@ -243,8 +242,7 @@ class Bench:
             recipe = chosen.recipe
             x = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
                              block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
-            config = None if provider == "tuned" else (for_sink_tile(chosen.config) if recipe.sink_tile
-                                                       else chosen.config)
+            config = None if provider == "tuned" else chosen.config
             return (lambda: api.attention_fp8(x, causal=problem.causal, config=config, out_dtype=q.dtype)), None, \
                 f"{chosen.name}, prequantized ({_recipe_text(recipe)})"
         if provider == "tutorial":

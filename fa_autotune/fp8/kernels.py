@@ -35,6 +35,13 @@ from .hadamard import padded_dim
 CHUNK = 64  # rows per program; a scaling block (a power of two >= 16) smaller than this sets the chunk
 
 
+def block_stages(dp: int) -> int:
+    """Pipeline depth of _quantize_blocks' piece loop for padded head dim ``dp``: each stage
+    buffers a piece and the rotation matrix (48 KB at 128, 160 KB at 256 in fp16), so past
+    128 one stage (three asked for 499712 bytes of shared memory on an H200 at D=256)."""
+    return 3 if dp <= 128 else 1
+
+
 @triton.jit
 def _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N,
             D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr):
@@ -166,7 +173,7 @@ def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: f
     _quantize_blocks[(batch * heads, scale.shape[2])](
         x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
         _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None,
-        INTERPRET=_interpreting(), **_format(out))
+        INTERPRET=_interpreting(), **_format(out), num_stages=block_stages(padded_dim(d)))
     return scale
 
 

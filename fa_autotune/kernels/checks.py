@@ -52,7 +52,7 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
         if reason:
             return ConfigError("access", reason)
     if config.language == "gluon":
-        reason = _gluon_reason(problem.dtype, layout.device, capability)
+        reason = _gluon_reason(problem.dtype, layout.device, capability, fp8=problem.kind == "fwd")
         if reason:
             return ConfigError("language", reason)
     elif config.access != "tensor_desc":
@@ -64,7 +64,7 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
         if error:
             return error
     if problem.is_fp8:
-        error = _fp8_error(config, capability)
+        error = _fp8_error(config, capability, problem.head_dim_pad)
         if error:
             return error
     limit = _RESCALE_LIMIT.get(problem.dtype)
@@ -122,15 +122,16 @@ def _offsets_message(name: str, span: int, access: str) -> str:
             "access='tensor_desc' (Hopper, TMA) or store the heads outermost (batch, heads, seqlen, head_dim)")
 
 
-def _gluon_reason(dtype: str, device: str, capability: tuple[int, int] | None) -> str | None:
-    """The Gluon kernels are written for Hopper's wgmma and TMA, in fp16/bf16."""
+def _gluon_reason(dtype: str, device: str, capability: tuple[int, int] | None, fp8: bool = False) -> str | None:
+    """The Gluon kernels are written for Hopper's wgmma and TMA, in fp16/bf16 (``fp8``: the
+    forward's FP8 inputs too)."""
     if device != "cuda":
         return ("language='gluon' runs on Hopper GPUs only; Triton's interpreter cannot run Gluon "
                 "(use language='triton')")
     if capability is not None and capability[0] != 9:
         return f"language='gluon' kernels use Hopper's wgmma (sm_90), this GPU is sm_{capability[0]}{capability[1]}"
-    if dtype not in ("float16", "bfloat16"):
-        return f"language='gluon' runs float16 and bfloat16, not {dtype}"
+    if dtype not in ("float16", "bfloat16") + (("float8_e4m3fn", "float8_e5m2") if fp8 else ()):
+        return f"language='gluon' runs float16 and bfloat16{' and FP8' if fp8 else ''}, not {dtype}"
     return None
 
 
@@ -149,11 +150,16 @@ def _warp_specialize_error(config: KernelConfig, problem: Problem,
     return None
 
 
-def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None) -> ConfigError | None:
+def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None, head_dim_pad: int) -> ConfigError | None:
     """FP8 kernels exist for the Q-outer loop with one Q tile per program; Hopper's FP8
     MMA (or Ada's) does the dots."""
     if config.loop_order != "q_outer":
         return ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
+    if config.language == "gluon" and config.half_step:
+        return ConfigError("half_step", "the Gluon kernel's half steps hold P in 16 bits; FP8 runs without them")
+    if config.language == "gluon" and head_dim_pad > 128:
+        return ConfigError("language", f"the Gluon FP8 kernel runs head dims up to 128 (its wider form has not run "
+                           f"on a GPU yet), got a padded head dim of {head_dim_pad}; use language='triton'")
     if config.q_tiles != 1:
         return ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
     if config.BLOCK_N < 32:
@@ -175,16 +181,6 @@ def check_fp8_scales(config: KernelConfig, q_scale, k_scale, v_scale, block_q: i
     if config.fp8_pv == "inplace" and per_block(v_scale):
         raise ConfigError("fp8_pv", "'inplace' needs one V descale per head (per_tensor or per_head scaling); "
                           "per-block V descales need 'separate'")
-
-
-def sink_tile_error(config: KernelConfig) -> ConfigError | None:
-    """The FP8 sink tile's 16-bit product beside the FP8 ones: Triton 3.6's warp-specialization
-    pass fails on it (128x256 tiles, compiled for sm_90), so it runs unspecialized."""
-    if config.warp_specialize:
-        return ConfigError("warp_specialize", "the FP8 sink tile runs without warp specialization "
-                           "(Triton 3.6 cannot warp-specialize its 16-bit product beside the FP8 ones): "
-                           "turn the sink tile off (sink_tile=False, fp8_sink_tile: false) or the warp specialization")
-    return None
 
 
 def per_block(scale) -> bool:

@@ -15,12 +15,15 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter,
                      check_interpretable, ensure_allocator, explained, l2_section)
-from .checks import sink_tile_error
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
 _SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
 _NO_SOURCES = (None, None)
+_SINK_MERGE = ("Q16", "K16", "V", "Out", "LsePart", "Lse", "VScale")  # a warp-specialized kernel's sink tile
+# That kernel's query rows per program (SINK_M) and warps: each program reloads the head's
+# first BLOCK_N keys, so taller programs read them fewer times.
+SINK_SHAPE = (64, 4)
 _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
@@ -63,7 +66,7 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
     flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": is_causal,
              "EVEN_N": n_k % config.BLOCK_N == 0, "WRITE_LSE": lse is not None,
-             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "D_REST": d_rest(head_dim, head_dim_pad)}
+             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "D_REST": d_rest(head_dim, head_dim_pad, q.element_size())}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.maxnreg:
         options["maxnreg"] = config.maxnreg
@@ -72,17 +75,18 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return ForwardPlan(calls, config.access == "tensor_desc")
 
 
-def d_rest(head_dim: int, head_dim_pad: int) -> int:
+def d_rest(head_dim: int, head_dim_pad: int, element_size: int = 2) -> int:
     """The Gluon forward's split of a padded head dim: the width of a second part from column
     head_dim_pad / 2 on that covers the real columns (a power of two, at least one 16-wide
     k-step), where the two parts hold fewer columns than head_dim_pad; else 0 (one part). Q K^T
     then runs as two products and O accumulates in two parts, so the zero columns are never
-    multiplied. Only for pads of 128 and more, so that both parts start on a 128-byte swizzle
-    row (D=80: 64 + 16, D=96: 64 + 32, D=160: 128 + 32, D=192: 128 + 64)."""
+    multiplied. Only where both parts start on a 128-byte swizzle row (16-bit: pads of 128
+    and more; FP8, ``element_size`` 1: 256, with k-steps of 32) (D=80: 64 + 16, D=96: 64 +
+    32, D=160: 128 + 32, D=192: 128 + 64)."""
     half = head_dim_pad // 2
-    if head_dim_pad < 128 or head_dim <= half:
+    if half * element_size < 128 or head_dim <= half:
         return 0
-    rest = max(16, triton.next_power_of_2(head_dim - half))
+    rest = max(32 // element_size, triton.next_power_of_2(head_dim - half))
     return rest if half + rest < head_dim_pad else 0
 
 
@@ -92,28 +96,28 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     kernel = module.KERNELS["main"]
     fp8_capable = "FP8" in kernel.arg_names
     sources = tuple(scales[5:7]) if scales is not None and len(scales) > 5 else _NO_SOURCES
-    if scales is not None:
-        if not fp8_capable:
-            raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
-        for prefix, scale in zip(("qs", "ks", "vs"), scales[:3]):
-            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhn"), scale.stride()))
-        scalars.update(Q_SCALE_BLOCK=scales[3], K_SCALE_BLOCK=scales[4])
-    elif fp8_capable:  # no descales: the FP8 parameters are compile-time None
-        scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
-        scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
-    if sources[0] is not None and (error := sink_tile_error(config)):
-        raise error
-    if fp8_capable:  # the sink tile's 16-bit sources, or compile-time None
-        for prefix, source in zip(("q16", "k16"), sources):
-            strides = source.stride() if source is not None else (None,) * 4
-            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), strides))
+    if scales is not None and not fp8_capable:
+        raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
+    if fp8_capable:  # the descales and the sink tile's 16-bit sources, or compile-time None
+        _fp8_scalars(scalars, scales, sources)
         flags = dict(flags, FP8=scales is not None, SINK_TILE=sources[0] is not None)
     batch_heads = scalars["BH"]
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     main = Launch(kernel, grid, _Q_OUTER + (_FP8_SCALES + _SOURCES if fp8_capable else ()), scalars, flags, options)
+    if "sink" in module.KERNELS and sources[0] is not None:
+        # Warp-specialized: the main kernel skips the sink tile and writes its part's LSE; the
+        # sink kernel scores that tile and merges it into the output.
+        rows = scalars["N_Q"]
+        main = Launch(kernel, grid, _Q_OUTER + _FP8_SCALES + _SOURCES, scalars, dict(flags, WRITE_LSE=True), options)
+        sink = _sink_launch(module.KERNELS["sink"], scalars, flags)
 
-    if fp8_capable:
+        def calls(q, k, v, out, lse, scales):
+            q16, k16 = scales[5:7]
+            part = torch.empty((batch_heads, rows), device=q.device, dtype=torch.float32)
+            return [(main, (q, k, v, out, part, *scales[:3], q16, k16)),
+                    (sink, (q16, k16, v, out, part, lse, scales[2]))]
+    elif fp8_capable:
         def calls(q, k, v, out, lse, scales):
             if scales is None:
                 return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]
@@ -173,21 +177,71 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     producer and consumer warpgroups fork inside the kernel (the launch has 4 warps). Q, K, V
     and O go in as rank-4 TMA descriptors over (batch, head, row, dim) with the tensors' own
     strides, encoded on the host for each call."""
-    if scales is not None:
-        raise ConfigError("language", "FP8 inputs run with language='triton' only")
+    fp8 = scales is not None
+    sources = tuple(scales[5:7]) if fp8 and len(scales) > 5 else _NO_SOURCES
+    sink = sources[0] is not None
+    _fp8_scalars(scalars, scales, sources)
+    flags = dict(flags, FP8=fp8, SINK_TILE=sink)
+    if sink:
+        # The sink tile's kernel (the Triton family's, rendered for this key width) scores the
+        # first BLOCK_N keys after this one, which reads the rest: keys shifted by BLOCK_N.
+        merge = _sink_launch(load_module(_sink_config(config.BLOCK_N)).KERNELS["sink"], scalars, flags)
+        scalars = dict(scalars, N_K=max(scalars["N_K"] - config.BLOCK_N, 0),
+                       causal_offset=scalars["causal_offset"] - config.BLOCK_N)
+        flags["WRITE_LSE"] = True
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     scalars["SECTION"] = config.section or l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"],
                                                       head_dim_pad, q.element_size(), config.dynamic)
-    main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()), scalars, flags,
-                  {"num_warps": config.num_warps})
+    main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()) + _FP8_SCALES,
+                  scalars, flags, {"num_warps": config.num_warps})
     descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
-                                                             "v": config.BLOCK_N, "o": config.BLOCK_M})
+                                                             "v": config.BLOCK_N, "o": config.BLOCK_M},
+                                     transposed=frozenset("v") if fp8 else frozenset())
+    if sink:
+        rows = scalars["N_Q"]
 
-    def calls(q, k, v, out, lse, scales):
-        return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device)))]
+        def calls(q, k, v, out, lse, scales):
+            part = torch.empty((scalars["BH"], rows), device=q.device, dtype=torch.float32)
+            return [(main, (*descriptors(q=q, k=k, v=v, o=out), part, *_tile_counter(config, q.device), *scales[:3])),
+                    (merge, (*scales[5:7], v, out, part, lse, scales[2]))]
+    else:
+        def calls(q, k, v, out, lse, scales):
+            return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device),
+                            *(scales[:3] if scales is not None else _NO_SCALES)))]
 
     return calls
+
+
+def _fp8_scalars(scalars: dict[str, Any], scales: tuple | None, sources: tuple) -> None:
+    """The descales' (b, h, n) strides and blocks and the sink tile's 16-bit sources' strides
+    among a launch's scalars (compile-time None where absent)."""
+    if scales is None:
+        scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
+        scalars.update(Q_SCALE_BLOCK=None, K_SCALE_BLOCK=None)
+    else:
+        for prefix, scale in zip(("qs", "ks", "vs"), scales[:3]):
+            scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhn"), scale.stride()))
+        scalars.update(Q_SCALE_BLOCK=scales[3], K_SCALE_BLOCK=scales[4])
+    for prefix, source in zip(("q16", "k16"), sources):
+        strides = source.stride() if source is not None else (None,) * 4
+        scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), strides))
+
+
+def _sink_config(block_n: int) -> KernelConfig:
+    """A warp-specialized Triton config of BLOCK_N ``block_n``: its module holds the sink
+    tile's kernel for that key width (what a Gluon FP8 kernel leaves to it)."""
+    return KernelConfig(BLOCK_M=128, BLOCK_N=block_n, num_warps=4, num_stages=2, access="tensor_desc",
+                        causal_mode="split", warp_specialize=True, persistent=1)
+
+
+def _sink_launch(kernel, scalars: dict[str, Any], flags: dict[str, Any]) -> Launch:
+    """The sink tile's kernel after a main kernel that skipped the first BLOCK_N keys and
+    wrote its part's LSE: it scores those keys from the 16-bit q and k and merges them into
+    the output by the LSE (SINK_SHAPE rows and warps per program)."""
+    sink_m, sink_warps = SINK_SHAPE
+    return Launch(kernel, (triton.cdiv(scalars["N_Q"], sink_m) * scalars["BH"],), _SINK_MERGE, scalars,
+                  dict(flags, SINK_M=sink_m), {"num_warps": sink_warps, "num_stages": 1})
 
 
 _FAMILIES = {"q_outer": _q_outer, "split_kv": _split_kv, "kv_outer": _kv_outer}

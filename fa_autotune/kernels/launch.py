@@ -32,10 +32,11 @@ from ..spec.target import interpreter_active
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
 FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE",
-         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "ATOMIC_DKV")
+         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "SINK_M", "ATOMIC_DKV")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
 _NO_SCALES = (None, None, None)
-_GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+_GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+                 torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
 
 # The direct path hands arguments straight to a compiled kernel's launcher, skipping Triton's
 # per-call argument binding (about 12 us of host time per call: benchmarks/results/2026-11-30-h200-dispatch-overhead/results.md).
@@ -130,16 +131,28 @@ def _tile_counter(config: KernelConfig, device: torch.device) -> tuple:
     return (torch.zeros(1, dtype=torch.int32, device=device),) if config.dynamic else ()
 
 
-def _gluon_descriptors(dtype: torch.dtype, head_dim_pad: int, rows: dict[str, int]) -> Callable[..., tuple]:
+def _gluon_descriptors(dtype: torch.dtype, head_dim_pad: int, rows: dict[str, int],
+                       transposed: frozenset[str] = frozenset()) -> Callable[..., tuple]:
     """A function of the named tensors giving their rank-4 Gluon TMA descriptors (boxes of
-    ``rows[name]`` rows by head_dim_pad, the tensors' own strides), in ``rows``' order."""
-    gl_dtype = _GLUON_DTYPES[dtype]
-    blocks = {name: [1, 1, n, head_dim_pad] for name, n in rows.items()}
-    layouts = {name: gl.NVMMASharedLayout.get_default_for(block, gl_dtype) for name, block in blocks.items()}
+    ``rows[name]`` rows by head_dim_pad, the tensors' own strides), in ``rows``' order; a
+    name in ``transposed`` is read as (head dim, rows) boxes of its (B, H, D, N) view (FP8's
+    sequence-contiguous V). Each box's layout is of its tensor's dtype (FP8 inputs write a
+    16-bit output), ``dtype``'s prepared ahead."""
+    blocks = {name: [1, 1, head_dim_pad, n] if name in transposed else [1, 1, n, head_dim_pad]
+              for name, n in rows.items()}
+    layouts = {(name, dtype): gl.NVMMASharedLayout.get_default_for(block, _GLUON_DTYPES[dtype])
+               for name, block in blocks.items()}
+
+    def layout(name: str, t: torch.Tensor):
+        key = (name, t.dtype)
+        if key not in layouts:
+            layouts[key] = gl.NVMMASharedLayout.get_default_for(blocks[name], _GLUON_DTYPES[t.dtype])
+        return layouts[key]
 
     def descriptors(**tensors: torch.Tensor) -> tuple:
-        return tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layouts[name])
-                     for name, t in ((name, tensors[name]) for name in rows))
+        views = ((name, tensors[name].transpose(2, 3) if name in transposed else tensors[name]) for name in rows)
+        return tuple(GluonTensorDescriptor(t, list(t.shape), list(t.stride()), blocks[name], layout(name, t))
+                     for name, t in views)
 
     return descriptors
 

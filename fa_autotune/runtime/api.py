@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError, InputError
 from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
 from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales, check_offsets,
-                              check_tma_output, gluon_backward_error, per_block, sink_tile_error, tma_output_reason,
+                              check_tma_output, gluon_backward_error, per_block, tma_output_reason,
                               why_not)
 from ..kernels.bwd import BackwardPlan, wide_backward_error
 from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
@@ -33,7 +33,7 @@ from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_f
 from ..spec.problem import Problem, problem_from_tensors
 from ..spec.recipe import RECIPE_FIELDS, Fp8Recipe
 from .dispatch import DISPATCHER, Choice, gpu_of
-from .select import for_sink_tile, runnable, select
+from .select import runnable, select
 
 
 @dataclass(frozen=True)
@@ -533,7 +533,7 @@ def _fp8_choice(problem: Problem, device: torch.device, config, max_error, parts
 def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) -> KernelConfig:
     """``config`` if it can run these FP8 inputs. A dispatched one that cannot is adapted as
     attention()'s dispatch adapts (:func:`.select.runnable`), after its tiles shrink into the inputs'
-    scaling blocks (and lose warp specialization with a sink tile); the FP8 default, adapted
+    scaling blocks; the FP8 default, adapted
     alike, is the last resort."""
     if explicit:
         _check_fp8_config(config, problem, inputs)
@@ -542,8 +542,6 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
     layout = Layout.of(problem, inputs.q, inputs.k, inputs.v)
     for candidate in (config, default):
         candidate = _within_scale_blocks(candidate, inputs)
-        if inputs.sources is not None:
-            candidate = for_sink_tile(candidate)
         fitted = runnable(candidate, problem, layout)
         if fitted is not None:
             return fitted
@@ -567,8 +565,6 @@ def _within_scale_blocks(config: KernelConfig, inputs) -> KernelConfig:
 def _check_fp8_config(config: KernelConfig, problem: Problem, inputs) -> None:
     check_config(config, problem, inputs.q, inputs.k, inputs.v)
     check_fp8_scales(config, inputs.q_scale, inputs.k_scale, inputs.v_scale, inputs.block_q, inputs.block_k)
-    if inputs.sources is not None and (error := sink_tile_error(config)):
-        raise error
 
 
 def _check_scales(inputs, problem: Problem) -> None:

@@ -38,19 +38,6 @@ def without_warp_specialization(config: KernelConfig, **changes) -> KernelConfig
     return config.with_(**changes)
 
 
-def for_sink_tile(config: KernelConfig) -> KernelConfig:
-    """An FP8 config with the sink tile, which runs unspecialized (:func:`.checks.sink_tile_error`):
-    a warp-specialized one becomes Hopper's unspecialized FP8 tile, at most 64 x 128 with 4
-    warps and 3 stages over pointers. On an H100 (B 2, H 16, N 8192, D 128, e4m3) that ran
-    the sink tile at 1.03x the time of the warp-specialized kernel without it, where the same
-    128 x 256 tiles unspecialized (8 warps) took 1.37x and 128 x 128 with 8 warps 1.38x
-    (benchmarks/results/2026-12-05-h100-fp8-cache-and-sinks/)."""
-    if not config.warp_specialize:
-        return config
-    return without_warp_specialization(config, BLOCK_M=min(config.BLOCK_M, 64), BLOCK_N=min(config.BLOCK_N, 128),
-                                       num_warps=4, num_stages=3, access="pointer")
-
-
 def for_fp8_cache(config: KernelConfig, problem: Problem) -> KernelConfig:
     """A dispatched KV-cache config (tuned on 16-bit caches) over an FP8 cache: 128-key steps,
     3 stages, 4 warps over pointers, its split count kept, where a tile of at most 64 query

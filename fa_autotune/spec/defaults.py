@@ -40,9 +40,17 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     (benchmarks/results/2026-12-02-h200-half-step/d64.md); at D <= 64 three consumers taking turns, and on causal
     grids two (benchmarks/results/2026-12-02-h200-pingpong-3c/d64.md); past D=64 the default with lazy rescaling
     (benchmarks/results/2026-12-02-h200-lazy-rescale/results.md); past D=128 the wide default, without lazy rescaling and
-    with the consumers taking turns (2026-12-04-h200-gluon-wide)."""
-    if capability is None or capability[0] != 9 or problem.dtype not in ("float16", "bfloat16") \
-            or problem.decode or problem.backward:
+    with the consumers taking turns (2026-12-04-h200-gluon-wide). FP8 (forward): the default,
+    without the overlap, three stages deep and dynamic on causal grids, up to D=128 (where it
+    has run on a GPU)."""
+    if capability is None or capability[0] != 9 or problem.decode or problem.backward:
+        return []
+    if problem.is_fp8:  # FP8 Q, K and V^T tiles, both products in FP8 (no half steps), D <= 128
+        if problem.head_dim_pad > 128:
+            return []
+        out = [GLUON_DEFAULT, GLUON_DEFAULT.with_(overlap=False), GLUON_DEFAULT.with_(num_stages=3)]
+        return out + ([GLUON_DEFAULT.with_(dynamic=True)] if problem.causal else [])
+    if problem.dtype not in ("float16", "bfloat16"):
         return []
     if problem.head_dim_pad > 128:
         return [GLUON_WIDE, GLUON_WIDE.with_(rescale_threshold=0), GLUON_WIDE.with_(pingpong=True)]

@@ -13,7 +13,7 @@ import torch
 
 from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks
 from ..errors import ConfigError
-from ..kernels.checks import check_config, check_fp8_scales, sink_tile_error
+from ..kernels.checks import check_config, check_fp8_scales
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.recipe import Fp8Recipe
@@ -114,8 +114,6 @@ class TrialInputs:
                          block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
         check_config(config, problem, x.q, x.k, x.v)
         check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
-        if recipe.sink_tile and (error := sink_tile_error(config)):
-            raise error
         return cls(x.q, x.k, x.v, x.scales, tuple(t.float() for t in source))
 
     @classmethod

@@ -243,10 +243,8 @@ def test_sink_tile_mistakes_are_clear_errors(device):
         quantize_fp8(q, k, v, sink_tile=1)
 
 
-def test_sink_tile_sources_and_configs_are_checked(device):
-    """The sink tile's q and k are the tensors the FP8 ones came from; a warp-specialized
-    config (Triton 3.6 cannot compile it with the sink tile) is refused when asked for
-    explicitly and de-specialized when dispatched."""
+def test_sink_tile_sources_are_checked(device):
+    """The sink tile's q and k are the tensors the FP8 ones came from."""
     import dataclasses
 
     q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
@@ -257,32 +255,43 @@ def test_sink_tile_sources_and_configs_are_checked(device):
                            ((q, "k"), "got str")):
         with pytest.raises(InputError, match=match):
             attention_fp8(dataclasses.replace(inputs, sources=sources), config=SMALL)
-    specialized = dict(SMALL, access="tensor_desc", causal_mode="split", num_stages=2, warp_specialize=True)
-    with pytest.raises(ConfigError, match="warp_specialize: the FP8 sink tile runs without warp specialization"):
-        attention_fp8(inputs, config=specialized)
 
 
-def test_dispatched_sink_tile_runs_unspecialized(device, monkeypatch):
-    """A dispatched warp-specialized FP8 config (the H200's non-causal choice) runs the sink
-    tile unspecialized (runtime.select.for_sink_tile) and stays accurate."""
+@pytest.mark.parametrize("n_q", [100, 20])
+@pytest.mark.parametrize("scaling, pv", [("per_block", "separate"), ("per_head", "inplace")])
+def test_warp_specialized_sink_tile_runs_a_second_kernel(device, monkeypatch, n_q, scaling, pv):
+    """A warp-specialized FP8 config (the H200's non-causal choice) keeps its specialization
+    with the sink tile: it skips the first K tile, and a second kernel scores that tile from
+    the 16-bit q and k and merges it into the output by the LSE. As accurate as the
+    unspecialized kernel's
+    inline sink tile, with the same LSE, GQA and a ragged last Q tile included (warp
+    specialization is non-causal, keys a multiple of BLOCK_N); as accurate when dispatched."""
     from fa_autotune.runtime import api, dispatch
-    from fa_autotune.runtime.select import for_sink_tile
     from fa_autotune.spec.config import KernelConfig
     from fa_autotune.spec.recipe import Fp8Recipe
 
-    specialized = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=2, access="tensor_desc",
-                               causal_mode="split", warp_specialize=True, persistent=1)
-    assert for_sink_tile(specialized) == specialized.with_(warp_specialize=False, persistent=0, access="pointer",
-                                                           num_stages=3)
-    chosen = dispatch.Choice(specialized, "database", None, 0.0, "test", Fp8Recipe())
+    q, k, v = _sink_inputs(device, n_q=n_q, n_k=96)
+    inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32)
+    specialized = dict(SMALL, access="tensor_desc", causal_mode="split", num_stages=2, warp_specialize=True,
+                       persistent=1, fp8_pv=pv)
+    options = dict(out_dtype=torch.float16)
+    side, side_lse = attention_fp8(inputs, config=specialized, return_lse=True, **options)
+    inline, inline_lse = attention_fp8(inputs, config=dict(specialized, warp_specialize=False, persistent=0),
+                                       return_lse=True, **options)
+    assert torch.allclose(side_lse, inline_lse, atol=1e-3)
+    error = _error(side, q, k, v)
+    plain = attention_fp8(inputs, config=specialized, sink_tile=False, **options)
+    assert error <= min(0.06, 1.1 * _error(inline, q, k, v)), (error, _error(inline, q, k, v))
+    assert _error(plain, q, k, v) > 2 * error  # the second kernel is what fixes it
+
+    chosen = dispatch.Choice(KernelConfig(**specialized), "database", None, 0.0, "test", Fp8Recipe(scaling, True, True))
     monkeypatch.setattr(dispatch.DISPATCHER, "choose_fp8", lambda *a, **kw: chosen)
     monkeypatch.setattr(api, "_PLANS", {})  # no plan kept from another test
     ran = []
     real = api.prepare
     monkeypatch.setattr(api, "prepare", lambda config, *args: ran.append(config) or real(config, *args))
-    q, k, v = _sink_inputs(device, n_q=64, n_k=64)
-    out = attention_fp8(q, k, v, sink_tile=True, block_q=32, block_k=32)
-    assert not ran[-1].warp_specialize and _error(out, q, k, v) <= 0.06
+    out = attention_fp8(q, k, v, block_q=32, block_k=32, **options)
+    assert ran[-1].warp_specialize and _error(out, q, k, v) <= 0.06
 
 
 def test_repeated_calls_reuse_their_plan(device, monkeypatch):

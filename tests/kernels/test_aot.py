@@ -53,12 +53,8 @@ def results(tmp_path_factory):
             by_problem.setdefault(problem, []).append(config)
         out = {}
         for problem, configs in by_problem.items():
-            # FP8 with the default recipe's sink tile, which warp-specialized kernels cannot hold
-            for specialized in (False, True):
-                group = [c for c in configs if c.warp_specialize == specialized]
-                recipe = Fp8Recipe(sink_tile=False) if specialized and problem.is_fp8 else None
-                for config, result in zip(group, compile_many(group, problem, jobs=2, recipe=recipe)):
-                    out[(problem, config)] = result
+            for config, result in zip(configs, compile_many(configs, problem, jobs=2)):  # FP8: default recipe
+                out[(problem, config)] = result
         return out
 
     return shared_once(tmp_path_factory, "aot-sample", compile_sample)
@@ -70,7 +66,8 @@ def test_variant_compiles_for_hopper(results, problem, config):
     assert result.status == "ok", result.error
     assert result.uses_wgmma, "expected Hopper wgmma instructions in the PTX"
     assert 0 < result.shared_bytes <= SHARED_MEMORY_LIMIT[(9, 0)]
-    expected = 2 if config.loop_order == "split_kv" else 1
+    # split-KV: main + combine; FP8 warp-specialized: main + the sink tile's kernel
+    expected = 2 if config.loop_order == "split_kv" or (problem.is_fp8 and config.warp_specialize) else 1
     assert len(result.kernels) == expected
 
 
@@ -85,17 +82,19 @@ def test_impossible_variants_become_statuses():
 @pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2"),
                                                (FP8_FULL, "e4m3.e4m3")])
 def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
-    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16; the one 16-bit
-    product is the default recipe's sink tile (its scores from the unquantized q and k),
-    which warp-specialized kernels run without."""
+    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16; the only 16-bit
+    product is the sink tile's scores (the default recipe's), inline or in the kernel that
+    follows a warp-specialized one."""
     for (p, config), result in results.items():
         if p == problem:
-            (kernel,) = result.kernels
+            kernel, *side = result.kernels
             assert kernel.kernel == config.name and kernel.mma, kernel
-            fp8 = [kind for kind in kernel.mma if kind.endswith(operands)]
-            half = [kind for kind in kernel.mma if kind.endswith(".f16.f16")]
-            assert fp8 and len(fp8) + len(half) == len(kernel.mma), kernel.mma
-            assert len(half) == (0 if config.warp_specialize else 1), kernel.mma
+            assert [k.kernel for k in side] == ([config.name + "_sink"] if config.warp_specialize else [])
+            for report in result.kernels:
+                fp8 = [kind for kind in report.mma if kind.endswith(operands)]
+                half = [kind for kind in report.mma if kind.endswith(".f16.f16")]
+                assert fp8 and len(fp8) + len(half) == len(report.mma), report.mma
+                assert len(half) == (0 if report is kernel and config.warp_specialize else 1), report.mma
 
 
 QUANTIZE_AOT = '''
@@ -124,21 +123,28 @@ for dtype in ("fp16", "bf16"):
         k = triton.compile(ASTSource(qk._scale_cast, common, c), target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": 4})
         out[f"cast {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
-        for block in (16, 64, 256):  # per-block scaling in one launch
-            c = dict(c, BLOCK=block, ROWS=min(64, block))
-            k = triton.compile(ASTSource(qk._quantize_blocks, common, c), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": 4})
+        # per-block scaling in one launch, specialized as the JIT specializes contiguous tensors
+        # (unit strides, 16-byte alignment: what lets Triton pipeline the loads)
+        names = list(common)
+        aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in ("x_ptr", "m_ptr", "scale_ptr", "out_ptr",
+                                                                           "stride_b", "stride_h", "stride_n", "N")}
+        for block, d in ((16, 80), (64, 80), (256, 80), (128, 256)):
+            c = dict(c, BLOCK=block, ROWS=min(64, block), D=d, DP=max(128, d), stride_d=1)
+            k = triton.compile(ASTSource(qk._quantize_blocks, dict(common, stride_d="constexpr"), c, aligned),
+                               target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": 4, "num_stages": qk.block_stages(c["DP"])})
             # 16 rows are below wgmma's 64: the rotation takes mma.sync there
-            out[f"blocks {dtype} {rotate} {block}"] = [("wgmma" if block >= 64 else "mma.sync") in k.asm["ptx"],
-                                                       k.metadata.shared]
+            out[f"blocks {dtype} {rotate} {block} d{d}"] = [("wgmma" if block >= 64 else "mma.sync") in k.asm["ptx"],
+                                                            k.metadata.shared]
 print(json.dumps(out))
 '''
 
 
 def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
     """The FP8 quantization kernels compile for sm_90 (fp16 and bf16, rotated or not: the
-    maxima and cast passes, and per-block scaling in one launch for blocks of 16-256 rows);
-    the Hadamard rotation runs on the tensor cores (wgmma)."""
+    maxima and cast passes, and per-block scaling in one launch for blocks of 16-256 rows, at
+    D=80 and D=256 within shared memory as the JIT specializes it); the Hadamard rotation
+    runs on the tensor cores (wgmma)."""
     import json
     import os
     import subprocess
@@ -149,7 +155,7 @@ def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
                             cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(report) == 20
+    assert len(report) == 24
     for name, (wgmma, shared) in report.items():
         rotated = name.split()[2] == "True"
         assert wgmma == rotated, name
@@ -223,6 +229,30 @@ def test_gluon_variants_have_fa3_structure(gluon_results, problem, config):
     per_vote = config.BLOCK_M * max(16, triton.next_power_of_2(problem.head_dim)) // 128 // 16
     assert counts["vote.sync.any.pred"] > 0 if config.rescale_threshold else counts["vote.sync.any.pred"] == 0
     assert counts["bra.uni KEPT"] == per_vote * counts["vote.sync.any.pred"]
+
+
+GLUON_FP8 = [
+    (FP8_FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1), Fp8Recipe(sink_tile=False)),
+    (FP8_E4M3, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True), Fp8Recipe()),
+    (FP8_E5M2, KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False), Fp8Recipe("per_head")),
+]
+
+
+@pytest.mark.parametrize("problem, config, recipe", GLUON_FP8, ids=[f"{c.name}-{p.key}" for p, c, _ in GLUON_FP8])
+def test_gluon_fp8_kernels_run_both_products_in_fp8(problem, config, recipe):
+    """The Gluon FlashAttention-3 kernel on FP8 inputs: Q K^T and P V both as FP8 wgmma (P
+    quantized in registers, V read as V^T tiles), the consumers' registers raised, no spill
+    in the K/V steps;
+    with the sink tile the Triton kernel that scores it follows, for the same key width."""
+    (result,) = compile_many([config], problem, jobs=1, recipe=recipe, sass=True)
+    assert result.status == "ok", result.error
+    kernel, *side = result.kernels
+    operands = "e5m2.e5m2" if problem.dtype == "float8_e5m2" else "e4m3.e4m3"
+    assert kernel.kernel == config.name and kernel.mma and all(m.endswith(operands) for m in kernel.mma), kernel.mma
+    assert {f"m64n{config.BLOCK_N}k32.f32.{operands}", f"m64n128k32.f32.{operands}"} <= set(kernel.mma)
+    assert f"inc {config.consumer_regs}" in kernel.setmaxnreg and kernel.step_loop_local_memory == 0
+    assert [k.kernel for k in side] == ([f"attn_fwd_qouter_m128n{config.BLOCK_N}_w4s2_tma_ws_cband_pers1_sink"]
+                                        if recipe.sink_tile else [])
 
 
 def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int, consumers: int = 2) -> None:
@@ -533,47 +563,41 @@ import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fa_autotune.fp8.quantize import empty_fp8_inputs
-from fa_autotune.kernels.aot import _mma_kinds, _specialize, resource_usage
-from fa_autotune.errors import ConfigError
+from fa_autotune.kernels.aot import _mma_kinds, _setmaxnreg, _specialize, resource_usage
 from fa_autotune.kernels.fwd import prepare
-from fa_autotune.runtime.select import for_sink_tile
 from fa_autotune.spec.config import KernelConfig
 out = {}
-# the shipped H200 FP8 non-causal config (warp-specialized 128x256) as the sink tile runs it
+# the shipped H200 FP8 non-causal config (warp-specialized 128x256): a side kernel scores the sink tile
 shipped = KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
                        causal_mode="split", warp_specialize=True, persistent=1)
 for name, config, causal in (("pointer", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3), True),
                              ("tensor_desc", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3,
                                                           access="tensor_desc"), False),
                              ("shipped-ws", shipped, False)):
-    x = empty_fp8_inputs((2, 16, 4096, 128), (2, 4, 4096, 128), "meta", block_q=128, block_k=config.BLOCK_N)
-    sources = (torch.empty(2, 16, 4096, 128, device="meta", dtype=torch.bfloat16),
-               torch.empty(2, 4, 4096, 128, device="meta", dtype=torch.bfloat16))
+    x = empty_fp8_inputs((2, 16, 4096, 128), (2, 4, 4096, 128), "meta", block_q=128, block_k=config.BLOCK_N,
+                         sink_tile=True)
     o = torch.empty(2, 16, 4096, 128, device="meta", dtype=torch.bfloat16)
-    scales = x.scales + sources
-    refused = None
-    try:
-        prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, scales)
-    except ConfigError as error:
-        refused, config = error.parameter, for_sink_tile(config)
-    ((launch, args),) = prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, scales).launches(
-        x.q, x.k, x.v, o, None, scales)
-    signature, consts, attrs = _specialize(launch, args + launch.fixed)
-    compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=launch.options)
-    ptx = compiled.asm["ptx"]
-    out[name] = {"sink": launch.flags["SINK_TILE"], "shared": compiled.metadata.shared, "refused": refused,
-                   "mma": sorted(_mma_kinds(ptx)), "stack": resource_usage(compiled.asm["cubin"])[1]}
+    launches = prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, x.scales).launches(
+        x.q, x.k, x.v, o, None, x.scales)
+    out[name] = []
+    for launch, args in launches:
+        signature, consts, attrs = _specialize(launch, args + launch.fixed)
+        compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=launch.options)
+        ptx = compiled.asm["ptx"]
+        out[name].append({"kernel": launch.kernel.__name__, "sink": launch.flags.get("SINK_TILE"),
+                          "shared": compiled.metadata.shared, "mma": sorted(_mma_kinds(ptx)),
+                          "setmaxnreg": len(_setmaxnreg(ptx)), "stack": resource_usage(compiled.asm["cubin"])[1]})
 print(json.dumps(out))
 '''
 
 
 def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
-    """The FP8 kernel with a sink tile (first K tile scored from bf16 Q and K) compiles for
+    """The FP8 kernel with a sink tile (first K tile scored from 16-bit Q and K) compiles for
     sm_90 on pointers and TMA: both FP8 products stay e4m3 wgmma, the sink tile's product a
-    bf16 one, within shared memory and without a spill. A warp-specialized config (which
-    Triton 3.6 fails to compile with the sink tile) is refused by the plan, naming
-    warp_specialize, and its sink-tile form (:func:`for_sink_tile`) compiles."""
+    16-bit one, within shared memory and without a spill. A warp-specialized config keeps its
+    specialization (setmaxnreg, FP8 products only) and a second kernel holds the 16-bit
+    product (Triton 3.6's warp-specialization pass fails on it inside the main kernel)."""
     import json
     import subprocess
     import sys
@@ -584,13 +608,20 @@ def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout.splitlines()[-1])
-    assert {name: r["refused"] for name, r in reports.items()} == {
-        "pointer": None, "tensor_desc": None, "shipped-ws": "warp_specialize"}
-    for access, report in reports.items():
-        assert report["sink"] is True, access
-        kinds = report["mma"]
-        assert any(k.endswith("e4m3.e4m3") for k in kinds) and any(k.endswith("bf16.bf16") for k in kinds), kinds
-        assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
+    assert {name: [r["kernel"].endswith("_sink") for r in rs] for name, rs in reports.items()} == {
+        "pointer": [False], "tensor_desc": [False], "shipped-ws": [False, True]}
+    for name, kernels in reports.items():
+        for report in kernels:
+            kinds = report["mma"]
+            assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
+            fp8 = any(k.endswith("e4m3.e4m3") for k in kinds)
+            half = any(k.endswith("f16.f16") for k in kinds)
+            if report["kernel"].endswith("_sink"):  # the sink tile and the merge: 16-bit scores, FP8 PV
+                assert half and fp8, kinds
+            elif name == "shipped-ws":  # specialized, FP8 products only
+                assert report["sink"] is True and report["setmaxnreg"] > 0 and fp8 and not half, report
+            else:  # the sink tile inline
+                assert report["sink"] is True and fp8 and half and report["setmaxnreg"] == 0, report
 
 
 WS_LSE_AOT = '''

@@ -256,3 +256,54 @@ def test_unreadable_layout_degrades_to_triton(monkeypatch, tmp_path):
     problem = api._plain_problem(q, k, v, False, "top_left")
     assert runnable(fa_autotune.KernelConfig(**BASE), problem, Layout.of(problem, q, k, v)) is None
     assert_close_to_reference(attention(q, k, v), q, k, v)
+
+
+# FP8 (e4m3 Q, K and V^T tiles, both products in FP8): each Gluon schedule against the Triton
+# FP8 kernel on the same quantized inputs (per-block and per-head descales, with and without
+# the sink tile, which a kernel after the Gluon one scores), and both against float32.
+FP8_KNOBS = {
+    "2c-overlap-persistent": dict(persistent=1),
+    "2c-plain": dict(overlap=False),
+    "2c-dynamic": dict(persistent=1, dynamic=True),
+    "2c-lazy8": dict(rescale_threshold=8),
+    "2c-n64-s3-pingpong": dict(BLOCK_N=64, num_stages=3, pingpong=True),
+    "3c-n64-plain-one-loop": dict(consumers=3, consumer_regs=160, BLOCK_N=64, overlap=False, one_loop=True),
+}
+FP8_SHAPES = {name: SHAPES[name] for name in ("causal-gqa-1000-d128", "causal-br-q300-k2000-d80",
+                                              "causal-tl-q700-k190-d128-mqa")}
+FP8_SHAPES.update({"full-1536-d64": (1, 4, 4, 1536, 1536, 64, False, "top_left"),
+                   "causal-br-q50-k100-d128-emptyrows": (2, 4, 4, 50, 100, 128, True, "bottom_right")})
+
+
+FP8_CASES = [(knob, shape) for knob in FP8_KNOBS for shape in FP8_SHAPES]
+
+
+@pytest.mark.parametrize("scaling, sink", [("per_block", True), ("per_block", False), ("per_head", True)])
+@pytest.mark.parametrize("knob, shape", FP8_CASES)
+def test_fp8(knob, shape, scaling, sink):
+    from fa_autotune import attention_fp8, quantize_fp8
+    from fa_autotune.tune.reference import compare, reference_attention
+
+    b, hq, hkv, nq, nk, d, causal, align = FP8_SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, hq, nq, d, generator=gen, device="cuda")
+    k, v = (torch.randn(b, hkv, nk, d, generator=gen, device="cuda") for _ in range(2))
+    k[:, :, :4] *= 40.0  # attention sinks: what the sink tile is for
+    v[:, :, :4] *= 10.0
+    q, k, v = (t.half() for t in (q, k, v))
+    x = quantize_fp8(q, k, v, scaling=scaling, sink_tile=sink, block_q=128, block_k=128)
+    # per-head runs write fp16 (out_dtype), the others bf16
+    options = dict(causal=causal, causal_align=align, return_lse=True,
+                   out_dtype=torch.float16 if scaling == "per_head" else torch.bfloat16)
+    config = dict(BASE, **FP8_KNOBS[knob])  # the Triton kernel's sink tile as wide as the Gluon one's
+    out, lse = attention_fp8(x, config=config, **options)
+    triton_out, triton_lse = attention_fp8(x, config=dict(BLOCK_M=64, BLOCK_N=config["BLOCK_N"], num_warps=4,
+                                                          num_stages=2), **options)
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=causal, causal_align=align)
+    ours, theirs = compare(out, ref), compare(triton_out, ref)
+    assert ours.finite and ours.rel <= 1.1 * theirs.rel + 2e-3, (ours.rel, theirs.rel)
+    assert not sink or ours.rel <= 0.06, ours.rel
+    seen = torch.isfinite(triton_lse)  # rows that see a key (bottom-right: the first may see none)
+    assert torch.equal(seen, torch.isfinite(lse))
+    assert torch.allclose(lse[seen], triton_lse[seen], atol=2e-2), (lse - triton_lse)[seen].abs().max()
+    assert (out[~seen] == 0).all()

@@ -150,6 +150,10 @@ def test_d_rest_covers_the_real_columns_from_a_swizzle_row():
         if rest:
             assert pad // 2 + rest >= head_dim and pad // 2 + rest < pad and rest & (rest - 1) == 0
     assert d_rest(48, 64) == 0 and d_rest(24, 32) == 0
+    # FP8 (1-byte columns): the halves meet on a 128-byte row only from a pad of 256, and a
+    # product reduces over at least 32 of them
+    fp8 = {96: 0, 128: 0, 136: 32, 160: 32, 192: 64, 256: 0}
+    assert {d: d_rest(d, max(32, triton.next_power_of_2(d)), 1) for d in fp8} == fp8
 
 
 def test_varlen_keeps_one_accumulator_part():

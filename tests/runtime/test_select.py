@@ -52,6 +52,20 @@ def test_a_gluon_choice_that_cannot_run_falls_to_the_first_default_that_can():
     assert chosen.config == TRITON and (chosen.source, chosen.matched, chosen.origin) == ("default", None, "built-in")
 
 
+def test_gluon_runs_fp8_forward_without_half_steps():
+    """The Gluon forward takes FP8 inputs on Hopper (both products in FP8); its half steps
+    hold P in 16 bits, so an FP8 config with them is refused by name, as are head dims past
+    128 (not yet run on a GPU), an FP8 backward and a float32 forward."""
+    fp8 = Problem(2, 8, 8, 1024, 1024, 128, "float8_e4m3fn", causal=True)
+    assert why_not(GLUON, fp8, ALIGNED) is None
+    assert why_not(GLUON.with_(overlap=False, half_step=True), fp8, ALIGNED).parameter == "half_step"
+    assert "FP8" in str(why_not(GLUON, Problem(2, 8, 8, 1024, 1024, 128, "float32"), ALIGNED))
+    wide = Problem(2, 8, 8, 1024, 1024, 192, "float8_e4m3fn")
+    assert why_not(GLUON, wide, ALIGNED).parameter == "language" and "up to 128" in str(why_not(GLUON, wide, ALIGNED))
+    bwd = GLUON.with_(loop_order="backward", BLOCK_N=64)
+    assert why_not(bwd, fp8.with_kind("bwd"), ALIGNED).parameter in ("language", "loop_order")
+
+
 def test_where_nothing_runs_the_last_defaults_reason_is_raised():
     """A head too long for 32-bit offsets and no TMA: pointer kernels cannot address it."""
     far = Layout("cuda", HOPPER, (None, "'tensor_desc' needs q's head dim contiguous (stride 1)", None),
@@ -90,18 +104,3 @@ def test_an_fp8_cache_runs_128_key_steps_where_they_fit():
                             (Problem(1, 32, 1, 4, 4096, 128, "bfloat16", kind="decode"), decode),
                             (gqa, decode.with_(num_splits=1, persistent=1))):
         assert for_fp8_cache(config, problem) == config
-
-
-def test_the_sink_tile_runs_hopper_unspecialized_fp8_tiles():
-    """A warp-specialized FP8 config with the sink tile becomes at most 64 x 128, 4 warps, 3
-    stages over pointers, unspecialized and without its persistent grid; others stay."""
-    from fa_autotune.runtime.select import for_sink_tile
-
-    shipped = KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
-                           causal_mode="split", warp_specialize=True, persistent=1)
-    assert for_sink_tile(shipped) == KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3,
-                                                  causal_mode="split")
-    small = shipped.with_(BLOCK_M=32, BLOCK_N=32)
-    assert for_sink_tile(small) == KernelConfig(BLOCK_M=32, BLOCK_N=32, num_stages=3, causal_mode="split")
-    plain = KernelConfig(BLOCK_M=128, BLOCK_N=128, num_warps=8)
-    assert for_sink_tile(plain) == plain
