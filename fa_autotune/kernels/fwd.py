@@ -66,7 +66,8 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), t.stride()))
     flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": is_causal,
              "EVEN_N": n_k % config.BLOCK_N == 0, "WRITE_LSE": lse is not None,
-             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "D_REST": d_rest(head_dim, head_dim_pad, q.element_size())}
+             "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+             "D_REST": d_rest(head_dim, head_dim_pad, q.element_size())}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.maxnreg:
         options["maxnreg"] = config.maxnreg
