@@ -198,7 +198,7 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
                   scalars, flags, {"num_warps": config.num_warps})
     descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
                                                              "v": config.BLOCK_N, "o": config.BLOCK_M},
-                                     transposed=frozenset("v") if fp8 else frozenset())
+                                     transposed=frozenset({"v"}) if fp8 else frozenset())
     if sink:
         rows = scalars["N_Q"]
 
