@@ -2,7 +2,7 @@
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
     python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default]
-        [--problems mixed|llm|causal|d64|d64_all|d128|short_causal] [--quick]
+        [--problems mixed|llm|causal|d64|d64_all|d128|short_causal|wide|fp8] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -18,7 +18,7 @@ from fa_autotune.bench import Bench, Unavailable, config_call
 from fa_autotune.spec.config import MAX_SECTION, KernelConfig
 from fa_autotune.spec.problem import Problem
 from fa_autotune.spec.target import environment
-from fa_autotune.tune.inputs import random_inputs
+from fa_autotune.tune.inputs import fp8_source_inputs, random_inputs
 from fa_autotune.tune.measure import time_callable
 from fa_autotune.tune.reference import compare, reference_attention
 
@@ -215,6 +215,25 @@ VARIANT_SETS = {
         "default pp lazy8": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, pingpong=True,
                                  rescale_threshold=8),
     },
+    # FP8 (e4m3, prequantized per block + Hadamard) through the Gluon schedule: its knobs, the
+    # exp2 split between MUFU and FMA units, and 256-key steps (FlashAttention-3 takes 224 at
+    # D=128 in FP8), beside the Triton warp-specialized 128 x 256 kernel; `+sink`: with the
+    # sink tile's second kernel. `dynamic` is set on causal problems by measure_fp8.
+    "fp8": {
+        **{f"n128{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1), **knobs) for name, knobs in (
+            ("", {}), (" plain", dict(overlap=False)), (" s3", dict(num_stages=3)), (" emu16", dict(exp2_emu=16)),
+            (" emu8", dict(exp2_emu=8)), (" emu4", dict(exp2_emu=4)), (" lazy8", dict(rescale_threshold=8)),
+            (" lazy8 emu8", dict(rescale_threshold=8, exp2_emu=8)), (" plain emu8", dict(overlap=False, exp2_emu=8)),
+            (" pp", dict(pingpong=True)), (" +sink", dict(sink_tile=True)))},
+        **{f"n256 plain{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=256, num_stages=2, persistent=1, overlap=False), **knobs)
+           for name, knobs in (("", {}), (" emu8", dict(exp2_emu=8)), (" emu4", dict(exp2_emu=4)),
+                               (" lazy8", dict(rescale_threshold=8)), (" pp", dict(pingpong=True)),
+                               (" np", dict(persistent=0)), (" +sink", dict(sink_tile=True)))},
+        "triton ws m128n256": dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
+                                   causal_mode="split", warp_specialize=True, persistent=1),
+        "triton ws m128n256 +sink": dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
+                                         causal_mode="split", warp_specialize=True, persistent=1, sink_tile=True),
+    },
 }
 
 
@@ -235,6 +254,12 @@ def d128_problems(quick: bool) -> list[Problem]:
     """llm-prefill's D=128 problems, causal and not."""
     return [Problem(16384 // n, 16, 16, n, n, 128, dtype, causal)
             for dtype in ("bfloat16", "float16")[:1 if quick else 2] for n in (1024, 4096, 16384) for causal in (False, True)]
+
+
+def fp8_problems(quick: bool) -> list[Problem]:
+    """Issue 42's bar rows: e4m3 at D=128, N=8192, non-causal and causal (and D=64 unless quick)."""
+    out = [Problem(2, 16, 16, 8192, 8192, 128, "float8_e4m3fn", causal) for causal in (False, True)]
+    return out if quick else out + [Problem(2, 32, 32, 8192, 8192, 64, "float8_e4m3fn", causal) for causal in (False, True)]
 
 
 def d64_all_problems(quick: bool) -> list[Problem]:
@@ -308,7 +333,75 @@ def l2_section(problem: Problem, q, fraction: float) -> int:
     return max(1, min(heads, MAX_SECTION, int(budget // max(kv_per_head, 1))))
 
 
+def _interleave(calls: dict, contexts: dict, rows: dict, detail: dict, problem: Problem, rounds: int,
+                rep_ms: float) -> None:
+    """Time ``calls`` in interleaved rounds; each row gets its median ms, TFLOPS and the median
+    of its per-round ratios' reference, cuDNN (and FA4 where timed)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            context = contexts.get(name)
+            if context is not None:
+                with context():
+                    samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
+            else:
+                samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
+    for name, values in samples.items():
+        ms = statistics.median(values)
+        row = rows.setdefault(name, {"config": detail.get(name, name), "status": "ok"})
+        row.update(ms=ms, tflops=problem.tflops(ms), vs_cudnn=statistics.median(samples["cudnn"]) / ms)
+        if "fa4" in samples:
+            row.update(vs_fa4=statistics.median(samples["fa4"]) / ms)
+
+
+def measure_fp8(problem: Problem, variants: dict, rounds: int, rep_ms: float) -> dict:
+    """FP8 rows: bf16 inputs with outlier channels (the bench's), each variant on them quantized
+    beforehand per block with Hadamard (blocks as tile_blocks gives for its tiles; the sink
+    tile's 16-bit q and k kept where the variant asks for it), cuDNN and the dispatched FP8
+    kernel (`tuned`, prequantized) beside them; every output checked against float32 first."""
+    import torch
+
+    import fa_autotune
+    from fa_autotune.fp8.quantize import tile_blocks
+
+    q, k, v = (t.to(torch.bfloat16) for t in fp8_source_inputs(problem, "cuda"))
+    ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=problem.causal)
+    bench = Bench(("cudnn", "tuned"), None)
+    calls, contexts, detail, rows = {}, {}, {}, {}
+    for provider in ("cudnn", "tuned"):
+        fn, contexts[provider], detail[provider] = bench.callable_for(provider, problem, q, k, v)
+        report = compare(fn(), ref)
+        rows[provider] = {"config": detail[provider], "status": "ok", "rel_error": report.rel}
+        calls[provider] = fn
+    for name, params in variants.items():
+        params = dict(params)
+        sink = params.pop("sink_tile", False)
+        if problem.causal and params.get("language") == "gluon" and params.get("persistent"):
+            params["dynamic"] = True
+        try:
+            config = KernelConfig.from_mapping(params)
+            x = fa_autotune.quantize_fp8(q, k, v, scaling="per_block", hadamard=True, sink_tile=sink,
+                                         **dict(zip(("block_q", "block_k"), tile_blocks(
+                                             config.BLOCK_M * (config.consumers if config.language == "gluon" else 1),
+                                             config.BLOCK_N))))
+            fn = (lambda x=x, config=config: fa_autotune.attention_fp8(x, causal=problem.causal, config=config,
+                                                                       out_dtype=torch.bfloat16))
+            report = compare(fn(), ref)
+        except Exception as exc:  # a variant that cannot run is a result
+            rows[name] = {"config": str(params), "status": f"{type(exc).__name__}: {exc}"[:200]}
+            continue
+        if not report.finite or report.rel > 0.1:
+            rows[name] = {"config": config.name, "status": "wrong_result", "rel_error": report.rel}
+            continue
+        rows[name] = {"config": config.name, "status": "ok", "rel_error": report.rel}
+        calls[name] = fn
+    _interleave(calls, contexts, rows, detail, problem, rounds, rep_ms)
+    return {"problem": problem.key, "rows": rows}
+
+
 def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: bool = False) -> dict:
+    if problem.is_fp8:
+        return measure_fp8(problem, variants, rounds, rep_ms)
     q, k, v = random_inputs(problem, "cuda", seed=0)
     ref, _ = reference_attention(q, k, v, causal=problem.causal)
     baselines = ("cudnn", "tuned", "fa4") if fa4 else ("cudnn", "tuned")
@@ -344,21 +437,7 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: b
             continue
         rows[name] = {"config": config.name, "status": "ok", "rel_error": report.rel}
         calls[name] = fn
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
-            context = contexts.get(name)
-            if context is not None:
-                with context():
-                    samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
-            else:
-                samples[name].append(time_callable(fn, rep_ms=rep_ms).median_ms)
-    for name, values in samples.items():
-        ms = statistics.median(values)
-        row = rows.setdefault(name, {"config": detail.get(name, name), "status": "ok"})
-        row.update(ms=ms, tflops=problem.tflops(ms), vs_cudnn=statistics.median(samples["cudnn"]) / ms)
-        if "fa4" in samples:
-            row.update(vs_fa4=statistics.median(samples["fa4"]) / ms)
+    _interleave(calls, contexts, rows, detail, problem, rounds, rep_ms)
     return {"problem": problem.key, "rows": rows}
 
 
@@ -368,7 +447,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
     parser.add_argument("--fa4", action="store_true", help="FlashAttention-4 beside cuDNN (ratios to both)")
-    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal", "wide"), default="mixed",
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal", "wide", "fp8"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
                              "ones and two GQA; d64: llm-prefill's causal D=64 ones; d64_all: its D=64 ones; short_causal: its N=1024 "
                              "causal ones")
@@ -378,7 +457,7 @@ def main() -> None:
     results = []
     chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
               "d64_all": d64_all_problems, "d128": d128_problems, "short_causal": short_causal_problems,
-              "wide": wide_problems}[args.problems]
+              "wide": wide_problems, "fp8": fp8_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms, args.fa4))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)

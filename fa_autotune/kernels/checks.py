@@ -55,6 +55,9 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
         reason = _gluon_reason(problem.dtype, layout.device, capability, fp8=problem.kind == "fwd")
         if reason:
             return ConfigError("language", reason)
+        if config.BLOCK_N == 256 and not problem.is_fp8:
+            return ConfigError("BLOCK_N", f"language='gluon' takes 256-key steps with FP8 inputs only (P in 8 bits "
+                               f"beside the 64 x 256 score tile); {problem.dtype} needs BLOCK_N 64 or 128")
     elif config.access != "tensor_desc":
         for name, span in zip("qkv", layout.spans):
             if span > MAX_OFFSET:

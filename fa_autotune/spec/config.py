@@ -40,7 +40,7 @@ MAX_SECTION = 4096
 MAX_RESCALE_THRESHOLD = 16
 LANGUAGES = ("triton", "gluon")
 GLUON_BLOCK_M = (64, 128)  # rows per consumer warpgroup
-GLUON_BLOCK_N = (64, 128)
+GLUON_BLOCK_N = (64, 128, 256)  # 256: the FP8 forward's steps only (kernels.checks)
 GLUON_CONSUMERS = (1, 2, 3)
 # Registers of one warpgroup's threads when the SM's 64K are split evenly per 128 threads,
 # what setmaxnreg redistributes; below 24 for the producer, ptxas drops setmaxnreg silently.
@@ -509,6 +509,9 @@ def _validate_language(cfg: KernelConfig) -> None:
         raise ConfigError("section", "L2 sections order the tiles of a persistent grid: it needs persistent=1")
     if cfg.pingpong and cfg.consumers < 2:
         raise ConfigError("pingpong", "ping-pong takes turns between consumer warpgroups: it needs consumers >= 2")
+    if cfg.BLOCK_N == 256 and (cfg.loop_order != "q_outer" or cfg.overlap or cfg.consumers != 2):
+        raise ConfigError("BLOCK_N", "language='gluon' takes 256-key steps in the forward with two consumers and "
+                          "overlap=false only (a second 64 x 256 score tile does not fit beside the first)")
     if cfg.half_step and (cfg.overlap or cfg.BLOCK_N != 128):
         raise ConfigError("half_step", "half steps run in the steps-in-turn schedule over 128-key tiles: they need "
                           "overlap=false and BLOCK_N=128")

@@ -268,6 +268,7 @@ FP8_KNOBS = {
     "2c-lazy8": dict(rescale_threshold=8),
     "2c-n64-s3-pingpong": dict(BLOCK_N=64, num_stages=3, pingpong=True),
     "3c-n64-plain-one-loop": dict(consumers=3, consumer_regs=160, BLOCK_N=64, overlap=False, one_loop=True),
+    "2c-n256-plain-emu8": dict(BLOCK_N=256, overlap=False, persistent=1, exp2_emu=8),
 }
 FP8_SHAPES = {name: SHAPES[name] for name in ("causal-gqa-1000-d128", "causal-br-q300-k2000-d80",
                                               "causal-tl-q700-k190-d128-mqa")}
@@ -291,11 +292,11 @@ def test_fp8(knob, shape, scaling, sink):
     k[:, :, :4] *= 40.0  # attention sinks: what the sink tile is for
     v[:, :, :4] *= 10.0
     q, k, v = (t.half() for t in (q, k, v))
-    x = quantize_fp8(q, k, v, scaling=scaling, sink_tile=sink, block_q=128, block_k=128)
+    config = dict(BASE, **FP8_KNOBS[knob])  # the Triton kernel's sink tile as wide as the Gluon one's
+    x = quantize_fp8(q, k, v, scaling=scaling, sink_tile=sink, block_q=128, block_k=max(128, config["BLOCK_N"]))
     # per-head runs write fp16 (out_dtype), the others bf16
     options = dict(causal=causal, causal_align=align, return_lse=True,
                    out_dtype=torch.float16 if scaling == "per_head" else torch.bfloat16)
-    config = dict(BASE, **FP8_KNOBS[knob])  # the Triton kernel's sink tile as wide as the Gluon one's
     out, lse = attention_fp8(x, config=config, **options)
     triton_out, triton_lse = attention_fp8(x, config=dict(BLOCK_M=64, BLOCK_N=config["BLOCK_N"], num_warps=4,
                                                           num_stages=2), **options)
