@@ -235,6 +235,7 @@ GLUON_FP8 = [
     (FP8_FULL, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1), Fp8Recipe(sink_tile=False)),
     (FP8_E4M3, KernelConfig(**GLUON, BLOCK_N=128, num_stages=2, persistent=1, dynamic=True), Fp8Recipe()),
     (FP8_E5M2, KernelConfig(**GLUON, BLOCK_N=64, num_stages=3, overlap=False), Fp8Recipe("per_head")),
+    (FP8_FULL, KernelConfig(**GLUON, BLOCK_N=256, num_stages=2, persistent=1, overlap=False, exp2_emu=8), Fp8Recipe()),
 ]
 
 

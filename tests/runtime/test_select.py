@@ -66,6 +66,22 @@ def test_gluon_runs_fp8_forward_without_half_steps():
     assert why_not(bwd, fp8.with_kind("bwd"), ALIGNED).parameter in ("language", "loop_order")
 
 
+def test_gluon_256_key_steps_are_fp8_only():
+    """256-key steps hold a 64 x 256 fp32 score tile per consumer: P fits beside it in 8 bits
+    and only in the steps-in-turn schedule, so a 16-bit problem, the overlap and the
+    backward are refused by name."""
+    wide = GLUON.with_(BLOCK_N=256, overlap=False)
+    assert why_not(wide, Problem(2, 8, 8, 1024, 1024, 128, "float8_e4m3fn"), ALIGNED) is None
+    error = why_not(wide, PROBLEM, ALIGNED)
+    assert error.parameter == "BLOCK_N" and "FP8 inputs only" in str(error)
+    for changes in (dict(overlap=True), dict(consumers=3, consumer_regs=160)):
+        with pytest.raises(ConfigError, match="256-key steps") as raised:
+            wide.with_(**changes)
+        assert raised.value.parameter == "BLOCK_N"
+    with pytest.raises(ConfigError, match="BLOCK_N=256"):
+        wide.with_(loop_order="backward")
+
+
 def test_where_nothing_runs_the_last_defaults_reason_is_raised():
     """A head too long for 32-bit offsets and no TMA: pointer kernels cannot address it."""
     far = Layout("cuda", HOPPER, (None, "'tensor_desc' needs q's head dim contiguous (stride 1)", None),

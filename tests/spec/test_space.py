@@ -160,6 +160,10 @@ def test_gluon_configs_only_on_hopper_and_only_valid_ones():
     # FP8: the Gluon kernel with FP8 products, without half steps (P held in 16 bits)
     fp8 = [c for c in _kernels(space.for_arch("sm90"), problem.with_dtype("float8_e4m3fn")) if c.language == "gluon"]
     assert fp8 and not any(c.half_step for c in fp8) and {c.fp8_pv for c in fp8} == {"separate"}
+    # 256-key steps: FP8 only, two consumers in the steps-in-turn schedule
+    wide = [c for c in fp8 if c.BLOCK_N == 256]
+    assert wide and not any(c.overlap or c.consumers != 2 for c in wide)
+    assert not any(c.BLOCK_N == 256 for c in gluon)
 
 
 # ---- every bad constraint the promised error, at bounded cost (issue 14)
