@@ -72,11 +72,12 @@ class KernelReport:
     @property
     def step_loop_local_memory(self) -> int | None:
         """Local loads and stores (spill traffic) inside the innermost loops that issue wgmma
-        (the K/V steps), where a spill costs on every step; None without the SASS. A small
-        stack used only outside those loops costs once per tile."""
+        (the K/V steps: HGMMA, QGMMA for FP8 operands), where a spill costs on every step;
+        None without the SASS. A small stack used only outside those loops costs once per tile."""
         if not self.sass:
             return None
-        return sum(ops["LDL"] + ops["STL"] for _, _, ops in sass_loops(self.sass, innermost=True) if ops["HGMMA"])
+        loops = [ops for _, _, ops in sass_loops(self.sass, innermost=True) if ops["HGMMA"] or ops["QGMMA"]]
+        return sum(ops["LDL"] + ops["STL"] for ops in loops) if loops else None
 
 
 @dataclass(frozen=True)
