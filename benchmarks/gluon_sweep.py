@@ -218,17 +218,26 @@ VARIANT_SETS = {
     # FP8 (e4m3, prequantized per block + Hadamard) through the Gluon schedule: its knobs, the
     # exp2 split between MUFU and FMA units, and 256-key steps (FlashAttention-3 takes 224 at
     # D=128 in FP8), beside the Triton warp-specialized 128 x 256 kernel; `+sink`: with the
-    # sink tile's second kernel. `dynamic` is set on causal problems by measure_fp8.
+    # sink tile's second kernel; V in the wgmma order where the kernel reads it (quantize.v_order_for),
+    # `v-natural`: in order. `dynamic` is set on causal problems by measure_fp8.
     "fp8": {
         **{f"n128{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1), **knobs) for name, knobs in (
             ("", {}), (" plain", dict(overlap=False)), (" s3", dict(num_stages=3)), (" emu16", dict(exp2_emu=16)),
             (" emu8", dict(exp2_emu=8)), (" emu4", dict(exp2_emu=4)), (" lazy8", dict(rescale_threshold=8)),
             (" lazy8 emu8", dict(rescale_threshold=8, exp2_emu=8)), (" plain emu8", dict(overlap=False, exp2_emu=8)),
-            (" pp", dict(pingpong=True)), (" +sink", dict(sink_tile=True)))},
+            (" pp", dict(pingpong=True)), (" +sink", dict(sink_tile=True)), (" v-natural", dict(v_natural=True)))},
         **{f"n256 plain{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=256, num_stages=2, persistent=1, overlap=False), **knobs)
-           for name, knobs in (("", {}), (" emu8", dict(exp2_emu=8)), (" emu4", dict(exp2_emu=4)),
+           for name, knobs in (("", {}), (" emu16", dict(exp2_emu=16)), (" emu8", dict(exp2_emu=8)), (" emu4", dict(exp2_emu=4)),
                                (" lazy8", dict(rescale_threshold=8)), (" pp", dict(pingpong=True)),
-                               (" np", dict(persistent=0)), (" +sink", dict(sink_tile=True)))},
+                               (" np", dict(persistent=0)), (" +sink", dict(sink_tile=True)),
+                               (" v-natural", dict(v_natural=True)))},
+        # past D=128: the wide schedule (one Q buffer per consumer), 64-key steps or 128 in turn
+        **{f"wide n{n}{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=n, num_stages=2), **knobs) for n, name, knobs in (
+            (64, "", {}), (64, " lazy8", dict(rescale_threshold=8)), (64, " plain", dict(overlap=False)),
+            (64, " s3", dict(num_stages=3)), (64, " pers", dict(persistent=1)), (64, " pp", dict(pingpong=True)),
+            (64, " emu8", dict(exp2_emu=8)), (128, " plain", dict(overlap=False)),
+            (128, " plain lazy8", dict(overlap=False, rescale_threshold=8)),
+            (128, " plain emu8", dict(overlap=False, exp2_emu=8)), (64, " +sink", dict(sink_tile=True)))},
         "triton ws m128n256": dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
                                    causal_mode="split", warp_specialize=True, persistent=1),
         "triton ws m128n256 +sink": dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
@@ -257,9 +266,10 @@ def d128_problems(quick: bool) -> list[Problem]:
 
 
 def fp8_problems(quick: bool) -> list[Problem]:
-    """Issue 42's bar rows: e4m3 at D=128, N=8192, non-causal and causal (and D=64 unless quick)."""
+    """Issue 42's bar rows (the fp8-bar preset): e4m3 at N=8192, D=128 non-causal and causal, and
+    unless quick D=256 non-causal."""
     out = [Problem(2, 16, 16, 8192, 8192, 128, "float8_e4m3fn", causal) for causal in (False, True)]
-    return out if quick else out + [Problem(2, 32, 32, 8192, 8192, 64, "float8_e4m3fn", causal) for causal in (False, True)]
+    return out if quick else out + [Problem(2, 16, 16, 8192, 8192, 256, "float8_e4m3fn")]
 
 
 def d64_all_problems(quick: bool) -> list[Problem]:
@@ -362,7 +372,7 @@ def measure_fp8(problem: Problem, variants: dict, rounds: int, rep_ms: float) ->
     import torch
 
     import fa_autotune
-    from fa_autotune.fp8.quantize import tile_blocks
+    from fa_autotune.fp8.quantize import tile_blocks, v_order_for
 
     q, k, v = (t.to(torch.bfloat16) for t in fp8_source_inputs(problem, "cuda"))
     ref, _ = reference_attention(q.float(), k.float(), v.float(), causal=problem.causal)
@@ -374,13 +384,19 @@ def measure_fp8(problem: Problem, variants: dict, rounds: int, rep_ms: float) ->
         rows[provider] = {"config": detail[provider], "status": "ok", "rel_error": report.rel}
         calls[provider] = fn
     for name, params in variants.items():
+        if name.startswith("wide") != (problem.head_dim_pad > 128) or (name.startswith("triton ws")
+                                                                     and problem.head_dim_pad > 128):
+            continue  # the wide schedule's variants past D=128 only, and only they there
         params = dict(params)
         sink = params.pop("sink_tile", False)
+        natural = params.pop("v_natural", False)
         if problem.causal and params.get("language") == "gluon" and params.get("persistent"):
             params["dynamic"] = True
         try:
             config = KernelConfig.from_mapping(params)
             x = fa_autotune.quantize_fp8(q, k, v, scaling="per_block", hadamard=True, sink_tile=sink,
+                                         v_order="natural" if natural else v_order_for(config.warp_specialize,
+                                                                                       problem.seqlen_k),
                                          **dict(zip(("block_q", "block_k"), tile_blocks(
                                              config.BLOCK_M * (config.consumers if config.language == "gluon" else 1),
                                              config.BLOCK_N))))

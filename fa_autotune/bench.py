@@ -50,7 +50,7 @@ from .spec.problem import Problem
 from .spec.space import load_space
 from .spec.target import detect_gpu, detect_software, environment
 from .store import connect
-from .fp8.quantize import fmt_of, quantize_fp8, tile_blocks
+from .fp8.quantize import fmt_of, quantize_fp8, tile_blocks, v_order_for
 from .tune.inputs import TrialInputs, fp8_source_inputs, random_inputs
 from .tune.measure import sdpa_call, time_callable
 from .tune.reference import compare, compare_all, reference_attention, reference_gradients
@@ -241,7 +241,8 @@ class Bench:
             block_q, block_k = tile_blocks(chosen.config.BLOCK_M, chosen.config.BLOCK_N)
             recipe = chosen.recipe
             x = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
-                             block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
+                             block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile,
+                             v_order=v_order_for(chosen.config.warp_specialize, k.shape[2]))
             config = None if provider == "tuned" else chosen.config
             return (lambda: api.attention_fp8(x, causal=problem.causal, config=config, out_dtype=q.dtype)), None, \
                 f"{chosen.name}, prequantized ({_recipe_text(recipe)})"

@@ -90,7 +90,7 @@ def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, 
                 o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N,
                 inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                 ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr,
-                MBITS: tl.constexpr, EMIN: tl.constexpr):
+                MBITS: tl.constexpr, EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr):
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
                             ROTATE, INTERPRET)
@@ -98,17 +98,29 @@ def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, 
     scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
                     other=1.0)
     _cast_store(y * inv_sqrt_n / scale[:, None], out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
+                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
+
+
+@triton.jit
+def wgmma_position(rows):
+    """Where V's key ``rows`` sit in the wgmma order (quantize.V_ORDERS): within each 16 keys,
+    key 8a + 2c + b at 4c + 2a + b, the A-operand byte an FP8 wgmma's thread c reads for the
+    accumulator column it holds (the P tile's keys then stay in their thread)."""
+    return (rows & -16) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
 
 
 @triton.jit
 def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
-                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """Clamp scaled values to the format's range, cast and store them (any output strides)."""
+                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                WGMMA_ORDER: tl.constexpr = False):
+    """Clamp scaled values to the format's range, cast and store them (any output strides;
+    ``WGMMA_ORDER``: each row at its wgmma_position)."""
     q = tl.clamp(y, -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
     cols = tl.arange(0, DP)
+    if WGMMA_ORDER:
+        rows = wgmma_position(rows)
     out = (out_ptr + b * o_stride_b + h * o_stride_h + rows[:, None].to(tl.int64) * o_stride_n
            + cols[None, :] * o_stride_d)
     tl.store(out, q.to(out_ptr.dtype.element_ty), mask=mask)
@@ -118,7 +130,8 @@ def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n
 def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
                      o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, inv_sqrt_n,
                      fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
-                     ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+                     ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                     WGMMA_ORDER: tl.constexpr):
     """Per-block scaling in one launch: this program's BLOCK rows in ROWS-row pieces, their
     maximum |x M| first (NaN counted as inf), then the descale (amax / fmax; 1 for an
     all-zero block, never below float32's tiny; NaN for a block holding NaN or inf, as
@@ -139,7 +152,7 @@ def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, strid
         y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
                                 ROWS, ROTATE, INTERPRET)
         _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
+                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
 
 
 def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> torch.Tensor:
@@ -154,26 +167,28 @@ def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> to
 
 
 def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, block: int, fmax: float,
-               out: torch.Tensor) -> torch.Tensor:
-    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides)."""
+               out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
+    """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides;
+    ``wgmma_order``: rows at their wgmma_position)."""
     batch, heads, n, d = x.shape
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
         x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
         _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None,
-        INTERPRET=_interpreting(), **_format(out))
+        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order)
     return out
 
 
 def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float,
-                    out: torch.Tensor) -> torch.Tensor:
+                    out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
     """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
-    strides) and return the (B, H, ceil(N / block)) float32 descales."""
+    strides; ``wgmma_order``: rows at their wgmma_position) and return the (B, H,
+    ceil(N / block)) float32 descales."""
     batch, heads, n, d = x.shape
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     _quantize_blocks[(batch * heads, scale.shape[2])](
         x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
         _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None,
-        INTERPRET=_interpreting(), **_format(out), num_stages=block_stages(padded_dim(d)))
+        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, num_stages=block_stages(padded_dim(d)))
     return scale
 
 

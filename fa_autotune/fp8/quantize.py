@@ -36,6 +36,14 @@ _FMT_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _INPUT_DTYPES = ("float16", "bfloat16", "float32")
 _KERNEL_DTYPES = ("float16", "bfloat16")
 BACKENDS = ("auto", "triton", "torch")
+# How V's keys are stored along its contiguous sequence axis: in order, or in each 16 keys
+# in the order an FP8 wgmma's threads hold P's columns in registers (kernels.wgmma_position),
+# so that the kernels hand P to the PV product without moving it between threads (FlashAttention-3's
+# V permutation: compiled for sm_90, 7-8% fewer instructions in an unmasked K/V step and 20%
+# in a masked one of the Gluon 2 x 64 x 256 and Triton 64 x 128 kernels).
+# "wgmma" needs the key count a multiple of 16; Triton's warp specialization cannot compile the
+# relabelling, so warp-specialized kernels read "natural" only (v_order_for).
+V_ORDERS = ("natural", "wgmma")
 _MAX_FUSED_ROWS = 65535 * 16  # grid axis 1 holds the row chunks (16 rows at the smallest block)
 _MIN_BLOCK = 16
 
@@ -71,6 +79,15 @@ class Fp8Inputs:
     # With a sink tile (quantize_fp8(..., sink_tile=True)): q and k as they were given (not
     # copied, not rotated); the kernel takes the first K tile's scores from them.
     sources: tuple[torch.Tensor, torch.Tensor] | None = None
+    # V_ORDERS: "wgmma" stores each 16 keys of v in the FP8 wgmma's register order (what
+    # attention_fp8 and the tuner quantize into for kernels that read it: v_order_for).
+    v_order: str = "natural"
+
+    def __post_init__(self) -> None:
+        _check_choice("v_order", self.v_order, V_ORDERS)
+        if self.v_order == "wgmma" and self.v.shape[2] % 16:
+            raise InputError(f"v_order='wgmma' permutes keys within groups of 16: v's {self.v.shape[2]} keys "
+                             "are not a multiple of 16")
 
     @property
     def recipe(self) -> Fp8Recipe:
@@ -79,9 +96,10 @@ class Fp8Inputs:
 
     @property
     def scales(self) -> tuple:
-        """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k), and
-        the sink tile's (q, k) sources after them when there are any."""
-        base = (self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k)
+        """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k,
+        whether v is in the wgmma order), and the sink tile's (q, k) sources after them when
+        there are any."""
+        base = (self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k, self.v_order == "wgmma")
         return base + self.sources if self.sources is not None else base
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,11 +108,20 @@ class Fp8Inputs:
         The rotation leaves Q Kᵀ unchanged, so attention on these tensors approximates
         attention on the original inputs.
         """
+        v = self.v.index_select(2, wgmma_positions(self.v.shape[2], self.v.device)) if self.v_order == "wgmma" \
+            else self.v
         return (
             _dequantize(self.q, self.q_scale, self.block_q),
             _dequantize(self.k, self.k_scale, self.block_k),
-            _dequantize(self.v, self.v_scale, self.block_k),
+            _dequantize(v, self.v_scale, self.block_k),
         )
+
+
+def wgmma_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Where each of ``n`` keys (a multiple of 16) sits in V's wgmma order
+    (fa_autotune.fp8.kernels.wgmma_position): within each 16, key 8a + 2c + b at 4c + 2a + b."""
+    r = torch.arange(n, device=device)
+    return (r & -16) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1)
 
 
 def quantize_fp8(
@@ -110,6 +137,7 @@ def quantize_fp8(
     backend: str = "auto",
     check_finite: bool = True,
     sink_tile: bool = True,
+    v_order: str = "natural",
 ) -> Fp8Inputs:
     """Quantize (B, H, N, D) attention inputs to FP8 with descale factors.
 
@@ -125,11 +153,18 @@ def quantize_fp8(
     dwarf the rest, as trained LLMs have) FP8's rounding of Q and K moves those keys' weight
     by several percent of the output, and this keeps it to V's rounding. On by default, as
     in the default :class:`~fa_autotune.Fp8Recipe`; ``sink_tile=False`` gives up that
-    accuracy for warp-specialized kernels (3-7% faster on an H100 at D=128).
+    accuracy for warp-specialized kernels (3-7% faster on an H100 at D=128). ``v_order``
+    (:data:`V_ORDERS`): how v's keys are stored along its sequence axis; "wgmma" (a key
+    count that is a multiple of 16) spares the kernels moving P between threads, and every
+    FP8 kernel but Triton's warp-specialized ones reads it (:func:`v_order_for`).
     """
     if not isinstance(sink_tile, bool):
         raise InputError(f"sink_tile must be True or False, got {sink_tile!r}")
     _validate(q, k, v, scaling, hadamard, fmt, block_q, block_k, seed)
+    _check_choice("v_order", v_order, V_ORDERS)
+    if v_order == "wgmma" and k.shape[2] % 16:
+        raise InputError(f"v_order='wgmma' permutes keys within groups of 16: {k.shape[2]} keys are not a multiple "
+                         "of 16; use v_order='natural' (or None)")
     _check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         _check_fusable(q, k)
@@ -139,12 +174,19 @@ def quantize_fp8(
     fmax, dtype = _FMT_MAX[fmt], fp8_dtype(fmt)
     (q8, q_scale), (k8, k_scale) = quantize("q", q, scaling, block_q, fmax, dtype, False), \
         quantize("k", k, scaling, block_k, fmax, dtype, False)
-    v8, v_scale = quantize("v", v, scaling, block_k, fmax, dtype, True)
+    v8, v_scale = quantize("v", v, scaling, block_k, fmax, dtype, v_order)
     if fused and check_finite:  # one host-device sync for all three
         _check_finite({name: (x, s) for name, x, s in (("q", q, q_scale), ("k", k, k_scale), ("v", v, v_scale))})
     return Fp8Inputs(q=q8, k=k8, v=v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, scaling=scaling,
                      hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed,
-                     sources=(q, k) if sink_tile else None)
+                     sources=(q, k) if sink_tile else None, v_order=v_order)
+
+
+def v_order_for(warp_specialize: bool, n_keys: int) -> str:
+    """The V order to quantize into for a kernel (``warp_specialize``: a Triton
+    warp-specialized one, which reads "natural" only) over ``n_keys`` keys: "wgmma" where
+    both allow it."""
+    return "wgmma" if not warp_specialize and n_keys % 16 == 0 else "natural"
 
 
 def _fusable(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -176,11 +218,11 @@ def tile_blocks(block_m: int, block_n: int) -> tuple[int, int]:
 
 def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str, fmt: str = "e4m3",
                      scaling: str = "per_block", block_q: int = 128, block_k: int = 128,
-                     sink_tile: bool = False) -> Fp8Inputs:
+                     sink_tile: bool = False, v_order: str = "natural") -> Fp8Inputs:
     """Uninitialized FP8 inputs laid out exactly as :func:`quantize_fp8` returns them (V
-    sequence-contiguous, descales with the strides of ``scaling``, with ``sink_tile`` the
-    16-bit q and k kept beside them): what compiling a kernel for such inputs needs, without
-    their data or a quantization pass."""
+    sequence-contiguous in ``v_order``, descales with the strides of ``scaling``, with
+    ``sink_tile`` the 16-bit q and k kept beside them): what compiling a kernel for such
+    inputs needs, without their data or a quantization pass."""
     _check_choice("scaling", scaling, SCALINGS)
     dtype = fp8_dtype(fmt)
 
@@ -194,7 +236,8 @@ def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str
                      k_scale=descale(kv_shape, block_k), v_scale=descale(kv_shape, block_k), scaling=scaling,
                      hadamard=False, fmt=fmt, block_q=block_q, block_k=block_k, seed=0,
                      sources=(torch.empty(q_shape, device=device, dtype=torch.float16),
-                              torch.empty(kv_shape, device=device, dtype=torch.float16)) if sink_tile else None)
+                              torch.empty(kv_shape, device=device, dtype=torch.float16)) if sink_tile else None,
+                     v_order=v_order)
 
 
 def _fp8_like(shape: tuple, device: torch.device | str, dtype: torch.dtype, seq_contiguous: bool) -> torch.Tensor:
@@ -210,12 +253,20 @@ def _fp8_like(shape: tuple, device: torch.device | str, dtype: torch.dtype, seq_
 def _torch_quantizer(signs: torch.Tensor | None, check_finite: bool):
     """Eager float32 quantization of one tensor (rotating it when ``signs`` and not V)."""
 
-    def quantize(name, x, scaling, block, fmax, dtype, is_v):
+    def quantize(name, x, scaling, block, fmax, dtype, v_order):
+        is_v = bool(v_order)  # Q and K pass False, V its order
         xt = hadamard_transform(x, signs) if signs is not None and not is_v else x.float()
         if check_finite:
             _check_finite({name: (x, xt)})
         x8, scale = _quantize(xt, scaling, block, fmax, dtype)
-        return (_fp8_like(x.shape, x.device, dtype, True).copy_(x8) if is_v else x8.contiguous()), scale
+        if not is_v:
+            return x8.contiguous(), scale
+        out = _fp8_like(x.shape, x.device, dtype, True)
+        if v_order == "wgmma":
+            out[:, :, wgmma_positions(x.shape[2], x.device)] = x8
+        else:
+            out.copy_(x8)
+        return out, scale
 
     return quantize
 
@@ -226,14 +277,15 @@ def _kernel_quantizer(q: torch.Tensor, seed: int | None):
     non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
 
-    def quantize(name, x, scaling, block, fmax, dtype, is_v):
+    def quantize(name, x, scaling, block, fmax, dtype, v_order):
+        is_v, wgmma = bool(v_order), v_order == "wgmma"  # Q and K pass False, V its order
         batch, heads, n, _ = x.shape
         out = _fp8_like(x.shape, x.device, dtype, is_v)
         if scaling == "per_block":  # one launch: maxima, descales, cast
-            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out)
+            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out, wgmma)
         amax = kernels.chunk_amax(x, None if is_v else m, kernels.CHUNK)
         scale = _scale_of(_group_amax(amax, scaling, block // kernels.CHUNK), fmax, batch, heads, -(-n // block))
-        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out), scale
+        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, wgmma), scale
 
     return quantize
 

@@ -55,7 +55,7 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             lse: torch.Tensor | None, sm_scale: float, causal_offset: int, is_causal: bool,
             scales: tuple | None = None) -> ForwardPlan:
     """The plan of ``config`` for tensors of these shapes, strides and dtypes (FP8 inputs with
-    scales = (q_scale, k_scale, v_scale, q rows per scale, k rows per scale))."""
+    scales = Fp8Inputs.scales: descales, rows per scale, V's order, the sink tile's sources))."""
     module = load_module(config)
     batch, heads, n_q, head_dim = q.shape
     heads_kv, n_k = k.shape[1], k.shape[2]
@@ -96,12 +96,16 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     with one Q tile the kernel also takes FP8 inputs (FP8 flag, descales)."""
     kernel = module.KERNELS["main"]
     fp8_capable = "FP8" in kernel.arg_names
-    sources = tuple(scales[5:7]) if scales is not None and len(scales) > 5 else _NO_SOURCES
+    sources = _sources(scales)
     if scales is not None and not fp8_capable:
         raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
     if fp8_capable:  # the descales and the sink tile's 16-bit sources, or compile-time None
         _fp8_scalars(scalars, scales, sources)
-        flags = dict(flags, FP8=scales is not None, SINK_TILE=sources[0] is not None)
+        flags = dict(flags, FP8=fp8_flag(scales), SINK_TILE=sources[0] is not None)
+        if flags["FP8"] == 2 and config.warp_specialize:
+            raise ConfigError("warp_specialize", "Triton's warp specialization cannot compile the PV product's P "
+                              "relabelled for V in the wgmma order: quantize with v_order='natural' for "
+                              "warp-specialized configs")
     batch_heads = scalars["BH"]
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.q_tiles) * batch_heads
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
@@ -114,7 +118,7 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
         sink = _sink_launch(module.KERNELS["sink"], scalars, flags)
 
         def calls(q, k, v, out, lse, scales):
-            q16, k16 = scales[5:7]
+            q16, k16 = _sources(scales)
             part = torch.empty((batch_heads, rows), device=q.device, dtype=torch.float32)
             return [(main, (q, k, v, out, part, *scales[:3], q16, k16)),
                     (sink, (q16, k16, v, out, part, lse, scales[2]))]
@@ -122,7 +126,7 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
         def calls(q, k, v, out, lse, scales):
             if scales is None:
                 return [(main, (q, k, v, out, lse, *_NO_SCALES, *_NO_SOURCES))]
-            return [(main, (q, k, v, out, lse, *scales[:3], *(tuple(scales[5:7]) if len(scales) > 5 else _NO_SOURCES)))]
+            return [(main, (q, k, v, out, lse, *scales[:3], *_sources(scales)))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (q, k, v, out, lse))]
@@ -179,10 +183,10 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     and O go in as rank-4 TMA descriptors over (batch, head, row, dim) with the tensors' own
     strides, encoded on the host for each call."""
     fp8 = scales is not None
-    sources = tuple(scales[5:7]) if fp8 and len(scales) > 5 else _NO_SOURCES
+    sources = _sources(scales)
     sink = sources[0] is not None
     _fp8_scalars(scalars, scales, sources)
-    flags = dict(flags, FP8=fp8, SINK_TILE=sink)
+    flags = dict(flags, FP8=fp8_flag(scales), SINK_TILE=sink)
     if sink:
         # The sink tile's kernel (the Triton family's, rendered for this key width) scores the
         # first BLOCK_N keys after this one, which reads the rest: keys shifted by BLOCK_N.
@@ -205,13 +209,24 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
         def calls(q, k, v, out, lse, scales):
             part = torch.empty((scalars["BH"], rows), device=q.device, dtype=torch.float32)
             return [(main, (*descriptors(q=q, k=k, v=v, o=out), part, *_tile_counter(config, q.device), *scales[:3])),
-                    (merge, (*scales[5:7], v, out, part, lse, scales[2]))]
+                    (merge, (*_sources(scales), v, out, part, lse, scales[2]))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device),
                             *(scales[:3] if scales is not None else _NO_SCALES)))]
 
     return calls
+
+
+def fp8_flag(scales: tuple | None) -> int:
+    """The kernels' FP8 flag for a launch's scales (Fp8Inputs.scales): 0 without FP8, 1 with
+    V's keys in order, 2 with them in the wgmma order (the PV product's P relabelled alike)."""
+    return 0 if scales is None else 2 if scales[5] else 1
+
+
+def _sources(scales: tuple | None) -> tuple:
+    """The sink tile's 16-bit (q, k) after Fp8Inputs.scales' six entries, or (None, None)."""
+    return tuple(scales[6:8]) if scales is not None and len(scales) > 6 else _NO_SOURCES
 
 
 def _fp8_scalars(scalars: dict[str, Any], scales: tuple | None, sources: tuple) -> None:

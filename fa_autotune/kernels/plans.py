@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks
+from ..fp8.quantize import FMT_OF_DTYPE, empty_fp8_inputs, tile_blocks, v_order_for
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.recipe import Fp8Recipe
@@ -95,7 +95,7 @@ def example(config: KernelConfig, problem: Problem, device: torch.device | str, 
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
         recipe = recipe or Fp8Recipe()
         x = empty_fp8_inputs(q_shape, kv_shape, device, FMT_OF_DTYPE[problem.dtype], recipe.scaling, block_q, block_k,
-                             sink_tile=recipe.sink_tile)
+                             sink_tile=recipe.sink_tile, v_order=v_order_for(config.warp_specialize, problem.seqlen_k))
         return Operands(x.q, x.k, x.v, torch.empty(q_shape, device=device, dtype=torch.bfloat16), x.scales)
     dtype = getattr(torch, problem.dtype)
     q, out = (torch.empty(q_shape, device=device, dtype=dtype) for _ in range(2))

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import ConfigError, InputError
-from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks
+from ..fp8.quantize import FMT_OF_DTYPE, Fp8Inputs, quantize_fp8, tile_blocks, v_order_for
 from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales, check_offsets,
                               check_tma_output, gluon_backward_error, per_block, tma_output_reason,
                               why_not)
@@ -435,7 +435,7 @@ def attention_fp8(
         inputs = quantize_fp8(q, k, v, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt,
                               block_q=tiles[0] if block_q is None else block_q,
                               block_k=tiles[1] if block_k is None else block_k, check_finite=False,
-                              sink_tile=recipe.sink_tile)
+                              sink_tile=recipe.sink_tile, v_order=v_order_for(chosen.warp_specialize, k.shape[2]))
         source_dtype = q.dtype
     out_dtype = out_dtype or (source_dtype if source_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
     if out_dtype not in (torch.float16, torch.bfloat16):
@@ -455,7 +455,8 @@ def attention_fp8(
                                                  problem.causal, inputs.scales))()
     plan = _Fp8Plan(chosen, prepared, out_dtype, return_lse, None if isinstance(q, Fp8Inputs) else (
         dict(scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt, block_q=inputs.block_q,
-             block_k=inputs.block_k, check_finite=False, sink_tile=recipe.sink_tile)), sink_tile is not False)
+             block_k=inputs.block_k, check_finite=False, sink_tile=recipe.sink_tile, v_order=inputs.v_order)),
+                    sink_tile is not False)
     _keep(key, plan)
     explained(chosen, lambda: prepared(q8, k8, v8, out, lse, inputs.scales))()
     return (out, lse) if return_lse else out
@@ -475,7 +476,7 @@ class _Fp8Plan:
 
     def __call__(self, q, k, v):
         inputs = q if self.quantize is None else quantize_fp8(q, k, v, **self.quantize)
-        scales = inputs.scales if self.sources else inputs.scales[:5]
+        scales = inputs.scales if self.sources else inputs.scales[:6]
         out = torch.empty(inputs.q.shape, device=inputs.q.device, dtype=self.out_dtype)
         lse = torch.empty(inputs.q.shape[:3], device=out.device, dtype=torch.float32) if self.return_lse else None
         explained(self.config, lambda: self.launch(inputs.q, inputs.k, inputs.v, out, lse, scales))()
@@ -497,7 +498,7 @@ def _fp8_key(q, k, v, causal, scale, config, max_error, scaling, hadamard, fmt, 
         if k is not None or v is not None:
             return None
         tensors = (q.q, q.k, q.v, q.q_scale, q.k_scale, q.v_scale, *(q.sources or ()))
-        held = (q.scaling, q.hadamard, q.fmt, q.block_q, q.block_k, q.sources is not None)
+        held = (q.scaling, q.hadamard, q.fmt, q.block_q, q.block_k, q.sources is not None, q.v_order)
     else:
         tensors, held = (q, k, v), None
     if not all(isinstance(t, torch.Tensor) for t in tensors):
@@ -541,6 +542,8 @@ def _fp8_usable(config: KernelConfig, problem: Problem, inputs, explicit: bool) 
     default = default_for(problem, gpu_of(inputs.q.device.type, inputs.q.device.index or 0))
     layout = Layout.of(problem, inputs.q, inputs.k, inputs.v)
     for candidate in (config, default):
+        if inputs.v_order == "wgmma" and candidate.warp_specialize:
+            continue  # reads V's keys in order only (fwd.fp8_flag)
         candidate = _within_scale_blocks(candidate, inputs)
         fitted = runnable(candidate, problem, layout)
         if fitted is not None:

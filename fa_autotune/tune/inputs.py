@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks
+from ..fp8.quantize import fmt_of, quantize_fp8, tile_blocks, v_order_for
 from ..errors import ConfigError
 from ..kernels.checks import check_config, check_fp8_scales
 from ..spec.config import KernelConfig
@@ -111,7 +111,8 @@ class TrialInputs:
         block_q, block_k = tile_blocks(config.BLOCK_M, config.BLOCK_N)
         recipe = recipe or Fp8Recipe()
         x = quantize_fp8(*source, scaling=recipe.scaling, hadamard=recipe.hadamard, fmt=fmt_of(problem.dtype),
-                         block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile)
+                         block_q=block_q, block_k=block_k, sink_tile=recipe.sink_tile,
+                         v_order=v_order_for(config.warp_specialize, problem.seqlen_k))
         check_config(config, problem, x.q, x.k, x.v)
         check_fp8_scales(config, x.q_scale, x.k_scale, x.v_scale, x.block_q, x.block_k)
         return cls(x.q, x.k, x.v, x.scales, tuple(t.float() for t in source))

@@ -349,3 +349,27 @@ def test_a_dispatcher_reset_forgets_kept_plans(device, monkeypatch):
     assert api._PLANS
     dispatch.DISPATCHER.reset()
     assert not api._PLANS and not kvcache._PLANS
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_v_in_the_wgmma_order_reaches_the_pv_product(device, causal):
+    """V stored in the wgmma order gives the natural order's attention (the kernel relabels P's
+    keys alike; the interpreter runs that reshape), while the same bytes read as natural
+    order do not: the flag is what makes it right. attention_fp8 quantizing q, k, v itself
+    picks the wgmma order for a kernel that reads it, the natural one for Triton's
+    warp-specialized kernels (which refuse the other by name)."""
+    import dataclasses
+
+    from fa_autotune.fp8.quantize import v_order_for
+
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
+    v[:, :, 5::7] *= 8.0  # keys that differ, so a key read in another's place shows
+    args = dict(scaling="per_block", block_q=32, block_k=32)
+    natural, wgmma = quantize_fp8(q, k, v, v_order="natural", **args), quantize_fp8(q, k, v, v_order="wgmma", **args)
+    run = lambda x: attention_fp8(x, causal=causal, config=SMALL, out_dtype=torch.float16).float()
+    a, b = run(natural), run(wgmma)
+    torch.testing.assert_close(a, b, atol=2e-3, rtol=0)
+    assert _error(b, q, k, v, causal) <= TOLERANCE["float8_e4m3fn"]
+    misread = run(dataclasses.replace(wgmma, v_order="natural"))
+    assert (misread - a).abs().max() > 0.1
+    assert (v_order_for(False, 64), v_order_for(True, 64), v_order_for(False, 72)) == ("wgmma", "natural", "natural")

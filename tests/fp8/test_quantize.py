@@ -1,6 +1,7 @@
 """FP8 quantization of attention inputs: layout, scales, Hadamard rotation, accuracy."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -386,3 +387,38 @@ def test_per_block_scaling_is_one_launch_per_tensor(monkeypatch):
     launches.clear()
     quantize_fp8(q, k, v, backend="triton", scaling="per_head")
     assert launches == ["chunk_amax", "scale_cast"] * 3
+
+
+@pytest.mark.parametrize("scaling", ["per_head", "per_block"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_v_in_the_wgmma_order(backend, scaling):
+    """v_order='wgmma': each key of v sits at its wgmma position (within each 16, key
+    8a + 2c + b at 4c + 2a + b), written so by the fused passes and the eager path alike;
+    the descales, q, k and the dequantized v are those of the natural order, and the order
+    reaches the kernels through scales."""
+    from fa_autotune.fp8.quantize import wgmma_positions
+
+    q, k, v = make_qkv(1, 2, 2, 48, 64, 32)
+    args = dict(scaling=scaling, block_q=16, block_k=32, backend=backend)
+    natural, wgmma = quantize_fp8(q, k, v, v_order="natural", **args), quantize_fp8(q, k, v, v_order="wgmma", **args)
+    positions = wgmma_positions(64)
+    assert positions[:16].tolist() == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+    assert sorted(positions.tolist()) == list(range(64)) and positions[16:32].tolist() == (positions[:16] + 16).tolist()
+    assert wgmma.v.stride(2) == 1 and wgmma.v.shape == natural.v.shape
+    assert torch.equal(wgmma.v[:, :, positions].float(), natural.v.float())
+    assert not torch.equal(wgmma.v.float(), natural.v.float())
+    for a, b in zip(wgmma.dequantize(), natural.dequantize()):
+        assert torch.equal(a, b)
+    assert (wgmma.v_order, wgmma.scales[5], natural.scales[5]) == ("wgmma", True, False)
+
+
+def test_v_order_errors():
+    q, k, v = make_qkv(1, 2, 2, 40, 40, 32)
+    with pytest.raises(InputError, match="multiple of 16"):
+        quantize_fp8(q, k, v, v_order="wgmma")
+    with pytest.raises(InputError, match="v_order must be one of natural, wgmma"):
+        quantize_fp8(q, k, v, v_order="sorted")
+    x = quantize_fp8(q, k, v)
+    assert x.v_order == "natural"
+    with pytest.raises(InputError, match="multiple of 16"):
+        dataclasses.replace(x, v_order="wgmma")

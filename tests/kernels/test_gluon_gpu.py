@@ -276,13 +276,25 @@ FP8_SHAPES.update({"full-1536-d64": (1, 4, 4, 1536, 1536, 64, False, "top_left")
                    "causal-br-q50-k100-d128-emptyrows": (2, 4, 4, 50, 100, 128, True, "bottom_right")})
 
 
-FP8_CASES = [(knob, shape) for knob in FP8_KNOBS for shape in FP8_SHAPES]
+# Past D=128 (192 padded to 256): the wide schedule's one Q buffer per consumer, O staged apart
+# from it (FP8 Q is half O's bytes), 64-key steps or 128-key ones in turn.
+FP8_WIDE_KNOBS = {"wide-n64-lazy8": dict(BLOCK_N=64, rescale_threshold=8),
+                  "wide-n128-plain": dict(BLOCK_N=128, overlap=False, rescale_threshold=8),
+                  "wide-n64-persistent": dict(BLOCK_N=64, persistent=1)}
+FP8_WIDE_SHAPES = {"full-1024-d256": (1, 4, 4, 1024, 1024, 256, False, "top_left"),
+                   "causal-gqa-1000-d256": WIDE_SHAPES["causal-gqa-1000-d256"][:6] + (True, "top_left"),
+                   "causal-br-q300-k2000-d192": (1, 8, 8, 300, 2000, 192, True, "bottom_right")}
+FP8_SHAPES.update(FP8_WIDE_SHAPES)
+FP8_KNOBS.update(FP8_WIDE_KNOBS)
+FP8_CASES = [(knob, shape) for knob in FP8_KNOBS for shape in FP8_SHAPES
+             if (knob in FP8_WIDE_KNOBS) == (shape in FP8_WIDE_SHAPES)]
 
 
 @pytest.mark.parametrize("scaling, sink", [("per_block", True), ("per_block", False), ("per_head", True)])
 @pytest.mark.parametrize("knob, shape", FP8_CASES)
 def test_fp8(knob, shape, scaling, sink):
     from fa_autotune import attention_fp8, quantize_fp8
+    from fa_autotune.fp8.quantize import v_order_for
     from fa_autotune.tune.reference import compare, reference_attention
 
     b, hq, hkv, nq, nk, d, causal, align = FP8_SHAPES[shape]
@@ -293,7 +305,9 @@ def test_fp8(knob, shape, scaling, sink):
     v[:, :, :4] *= 10.0
     q, k, v = (t.half() for t in (q, k, v))
     config = dict(BASE, **FP8_KNOBS[knob])  # the Triton kernel's sink tile as wide as the Gluon one's
-    x = quantize_fp8(q, k, v, scaling=scaling, sink_tile=sink, block_q=128, block_k=max(128, config["BLOCK_N"]))
+    # V in the wgmma order where the key count allows (2000, 1536, 1024 keys), else in order
+    x = quantize_fp8(q, k, v, scaling=scaling, sink_tile=sink, block_q=128, block_k=max(128, config["BLOCK_N"]),
+                     v_order=v_order_for(False, nk))
     # per-head runs write fp16 (out_dtype), the others bf16
     options = dict(causal=causal, causal_align=align, return_lse=True,
                    out_dtype=torch.float16 if scaling == "per_head" else torch.bfloat16)
