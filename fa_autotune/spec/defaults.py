@@ -29,6 +29,18 @@ GLUON_WIDE = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BL
                           num_stages=2, rescale_threshold=8)
 
 
+# FP8 in Gluon (e4m3 Q, K and V^T tiles, V's keys in the wgmma order): 256-key steps taken in
+# turn by two 64-row consumers (P in 8 bits fits beside the 64 x 256 score tile only without
+# the overlap), a persistent grid, dynamic on causal ones. On an H100 at B 2, H 16, N 8192,
+# D 128 it ran 918 TFLOPS without a mask and 802 causal, 1.06x and 1.29x the warp-specialized
+# Triton 128 x 256 kernel (the H200 file's FP8 choice) on the same inputs; past D=128 128-key
+# steps in turn with one exp2 in 8 on the FMA units ran 1082 at D=256, 2.2x the Triton
+# default before it (benchmarks/results/2026-12-07-h100-fp8-gluon-wide-steps/).
+GLUON_FP8 = GLUON_DEFAULT.with_(BLOCK_N=256, overlap=False, pingpong=True)
+GLUON_FP8_WIDE = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
+                              num_stages=2, overlap=False, exp2_emu=8)
+
+
 def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> list[KernelConfig]:
     """Gluon structures a tune should measure first on Hopper (fp16/bf16), each the
     best of an H200 sweep somewhere: the default; on causal grids the same with dynamic tile
@@ -40,16 +52,20 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
     (benchmarks/results/2026-12-02-h200-half-step/d64.md); at D <= 64 three consumers taking turns, and on causal
     grids two (benchmarks/results/2026-12-02-h200-pingpong-3c/d64.md); past D=64 the default with lazy rescaling
     (benchmarks/results/2026-12-02-h200-lazy-rescale/results.md); past D=128 the wide default, without lazy rescaling and
-    with the consumers taking turns (2026-12-04-h200-gluon-wide). FP8 (forward): the default,
-    without the overlap, three stages deep and dynamic on causal grids, up to D=128 (where it
-    has run on a GPU)."""
+    with the consumers taking turns (2026-12-04-h200-gluon-wide). FP8 (forward; the H100
+    sweep of 2026-12-07-h100-fp8-gluon-wide-steps): up to D=128 the 256-key default, the same
+    without turns, with part of the exp2 on the FMA units, and 128-key steps in turn with
+    it (the best of those); past D=128 the wide FP8 default, without that exp2 split and with
+    64-key steps."""
     if capability is None or capability[0] != 9 or problem.decode or problem.backward:
         return []
-    if problem.is_fp8:  # FP8 Q, K and V^T tiles, both products in FP8 (no half steps), D <= 128
+    if problem.is_fp8:  # FP8 Q, K and V^T tiles, both products in FP8 (no half steps)
         if problem.head_dim_pad > 128:
-            return []
-        out = [GLUON_DEFAULT, GLUON_DEFAULT.with_(overlap=False), GLUON_DEFAULT.with_(num_stages=3)]
-        return out + ([GLUON_DEFAULT.with_(dynamic=True)] if problem.causal else [])
+            return [GLUON_FP8_WIDE, GLUON_FP8_WIDE.with_(exp2_emu=0), GLUON_FP8_WIDE.with_(BLOCK_N=64)]
+        dyn = dict(dynamic=problem.causal)
+        return [GLUON_FP8.with_(**dyn), GLUON_FP8.with_(pingpong=False, **dyn),
+                GLUON_FP8.with_(pingpong=False, exp2_emu=8, **dyn),
+                GLUON_DEFAULT.with_(overlap=False, exp2_emu=8, **dyn)]
     if problem.dtype not in ("float16", "bfloat16"):
         return []
     if problem.head_dim_pad > 128:
@@ -93,6 +109,8 @@ def default_config(problem: Problem, capability: tuple[int, int] | None = None, 
     hopper = capability is not None and capability >= (9, 0)
     access = "tensor_desc" if hopper else "pointer"
     if problem.is_fp8:  # FP8 runs Q-outer only; its tiles take half the shared memory of fp16
+        if gluon and capability is not None and capability[0] == 9 and d > 64:  # as measured: D 128, 256
+            return GLUON_FP8_WIDE if d > 128 else GLUON_FP8.with_(dynamic=problem.causal)
         return _fp8_default(problem, d, hopper)
     if problem.seqlen_q <= _SPLIT_KV_MAX_QROWS and problem.seqlen_k >= 1024:
         block_m = 16 if problem.seqlen_q <= 16 else 64
@@ -234,7 +252,8 @@ def backward_default(problem: Problem, capability: tuple[int, int] | None = None
 
 
 def _fp8_default(problem: Problem, d: int, hopper: bool) -> KernelConfig:
-    """H200 sweeps at D=128 (benchmarks/results/2026-11-30-h200-fp8-*/): 128x256 tiles
+    """The Triton FP8 default (Hopper's Gluon default, GLUON_FP8, aside). H200 sweeps at
+    D=128 (benchmarks/results/2026-11-30-h200-fp8-*/): 128x256 tiles
     warp-specialized over TMA on a persistent grid where Triton 3.6 allows it (no causal
     mask, whole K/V tiles); elsewhere 64x128 with 4 warps over plain pointers on Hopper,
     128x128 with 8 warps and 2 stages (less shared memory) before it."""

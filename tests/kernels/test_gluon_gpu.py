@@ -269,6 +269,8 @@ FP8_KNOBS = {
     "2c-n64-s3-pingpong": dict(BLOCK_N=64, num_stages=3, pingpong=True),
     "3c-n64-plain-one-loop": dict(consumers=3, consumer_regs=160, BLOCK_N=64, overlap=False, one_loop=True),
     "2c-n256-plain-emu8": dict(BLOCK_N=256, overlap=False, persistent=1, exp2_emu=8),
+    "2c-n256-pp-persistent": dict(BLOCK_N=256, overlap=False, pingpong=True, persistent=1),  # the FP8 default
+    "2c-n256-pp-dynamic": dict(BLOCK_N=256, overlap=False, pingpong=True, persistent=1, dynamic=True),
 }
 FP8_SHAPES = {name: SHAPES[name] for name in ("causal-gqa-1000-d128", "causal-br-q300-k2000-d80",
                                               "causal-tl-q700-k190-d128-mqa")}
@@ -280,7 +282,8 @@ FP8_SHAPES.update({"full-1536-d64": (1, 4, 4, 1536, 1536, 64, False, "top_left")
 # from it (FP8 Q is half O's bytes), 64-key steps or 128-key ones in turn.
 FP8_WIDE_KNOBS = {"wide-n64-lazy8": dict(BLOCK_N=64, rescale_threshold=8),
                   "wide-n128-plain": dict(BLOCK_N=128, overlap=False, rescale_threshold=8),
-                  "wide-n64-persistent": dict(BLOCK_N=64, persistent=1)}
+                  "wide-n64-persistent": dict(BLOCK_N=64, persistent=1),
+                  "wide-n128-plain-emu8": dict(BLOCK_N=128, overlap=False, exp2_emu=8)}  # the FP8 default past 128
 FP8_WIDE_SHAPES = {"full-1024-d256": (1, 4, 4, 1024, 1024, 256, False, "top_left"),
                    "causal-gqa-1000-d256": WIDE_SHAPES["causal-gqa-1000-d256"][:6] + (True, "top_left"),
                    "causal-br-q300-k2000-d192": (1, 8, 8, 300, 2000, 192, True, "bottom_right")}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fa_autotune.kernels.bwd import wide_backward_error
-from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, GLUON_WIDE,
+from fa_autotune.spec.defaults import (GLUON_BACKWARD, GLUON_BACKWARD_TWO_PASS, GLUON_DEFAULT, GLUON_FP8,
+                                       GLUON_FP8_WIDE, GLUON_WIDE,
                                        GLUON_WIDE_BACKWARD, backward_default, default_config, defaults_for,
                                        gluon_candidates)
 from fa_autotune.spec.problem import Problem
@@ -35,7 +36,8 @@ def test_hopper_prefill_defaults_to_gluon(head_dim, dtype):
     (Problem(2, 16, 16, 4096, 4096, 64, "float16"), (9, 0)),  # D=64: the Triton kernel won
     (Problem(2, 16, 16, 4096, 4096, 256, "float16"), (8, 0)),
     (Problem(2, 16, 16, 4096, 4096, 128, "float32"), (9, 0)),
-    (Problem(2, 16, 16, 4096, 4096, 128, "float8_e4m3fn"), (9, 0)),
+    (Problem(2, 16, 16, 4096, 4096, 128, "float8_e4m3fn"), (8, 9)),  # FP8 on Ada
+    (Problem(2, 16, 16, 4096, 4096, 64, "float8_e4m3fn"), (9, 0)),  # FP8 D=64: not measured in Gluon
     (Problem(2, 16, 16, 1, 4096, 128, "float16"), (9, 0)),  # decode: split-KV
     (Problem(2, 16, 16, 4096, 4096, 128, "float16"), (8, 0)),
     (Problem(2, 16, 16, 4096, 4096, 128, "float16"), (10, 0)),  # Gluon's wgmma is Hopper's
@@ -57,6 +59,24 @@ def test_wide_head_dims_default_to_gluon_past_128(head_dim, dtype):
     assert first == GLUON_WIDE and second.language == "triton"
     candidates = gluon_candidates(problem, (9, 0))
     assert candidates[0] == GLUON_WIDE and not any(c.persistent for c in candidates)
+    grid = _kernels("fwd", problem)
+    assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
+
+
+@pytest.mark.parametrize("head_dim", [96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hopper_fp8_defaults_to_gluon(head_dim, causal):
+    """FP8 on Hopper past D=64 (measured at 128 and 256; D=64 keeps the Triton default): the
+    Gluon kernel with 256-key steps in turn (dynamic on causal grids) up to D=128, 128-key
+    steps in turn with part of the exp2 on the FMA units past it; the Triton FP8 default
+    behind it; its warm start in the Hopper space."""
+    problem = Problem(2, 16, 4, 4096, 4096, head_dim, "float8_e4m3fn", causal=causal)
+    expected = GLUON_FP8_WIDE if head_dim > 128 else GLUON_FP8.with_(dynamic=causal)
+    assert default_config(problem, (9, 0)) == expected
+    first, second = defaults_for(problem, HOPPER)
+    assert first == expected and second.language == "triton"
+    candidates = gluon_candidates(problem, (9, 0))
+    assert candidates[0] == expected and len(set(candidates)) == len(candidates)
     grid = _kernels("fwd", problem)
     assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
 
