@@ -243,6 +243,12 @@ VARIANT_SETS = {
         "triton ws m128n256 +sink": dict(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
                                          causal_mode="split", warp_specialize=True, persistent=1, sink_tile=True),
     },
+    # the FP8 default (256-key steps in turn) with part of its exp2 on the FMA units, and with
+    # the sink tile's second kernel
+    "fp8_turns": {f"n256 plain pp{name}": dict(dict(G, BLOCK_M=64, BLOCK_N=256, num_stages=2, persistent=1,
+                                                    overlap=False, pingpong=True), **knobs)
+                  for name, knobs in (("", {}), (" emu16", dict(exp2_emu=16)), (" emu8", dict(exp2_emu=8)),
+                                      (" +sink", dict(sink_tile=True)))},
 }
 
 
