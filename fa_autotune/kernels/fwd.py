@@ -221,7 +221,7 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
 def fp8_flag(scales: tuple | None) -> int:
     """The kernels' FP8 flag for a launch's scales (Fp8Inputs.scales): 0 without FP8, 1 with
     V's keys in order, 2 with them in the wgmma order (the PV product's P relabelled alike)."""
-    return 0 if scales is None else 2 if scales[5] else 1
+    return 0 if scales is None else 2 if scales[5] is True else 1
 
 
 def _sources(scales: tuple | None) -> tuple:

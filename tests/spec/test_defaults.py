@@ -77,8 +77,9 @@ def test_hopper_fp8_defaults_to_gluon(head_dim, causal):
     assert first == expected and second.language == "triton"
     candidates = gluon_candidates(problem, (9, 0))
     assert candidates[0] == expected and len(set(candidates)) == len(candidates)
-    grid = _kernels("fwd", problem)
-    assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
+    if head_dim in (128, 256) and (head_dim, causal) != (256, True):  # the grids take 7-28 s each
+        grid = _kernels("fwd", problem)
+        assert all(c in grid for c in candidates), [c.name for c in candidates if c not in grid]
 
 
 def test_one_default_where_gluon_is_not_picked():
