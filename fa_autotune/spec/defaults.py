@@ -61,7 +61,7 @@ def gluon_candidates(problem: Problem, capability: tuple[int, int] | None) -> li
         return []
     if problem.is_fp8:  # FP8 Q, K and V^T tiles, both products in FP8 (no half steps)
         if problem.head_dim_pad > 128:
-            return [GLUON_FP8_WIDE, GLUON_FP8_WIDE.with_(exp2_emu=0), GLUON_FP8_WIDE.with_(BLOCK_N=64)]
+            return [GLUON_FP8_WIDE, GLUON_FP8_WIDE.with_(exp2_emu=0), GLUON_FP8_WIDE.with_(BLOCK_N=64, exp2_emu=0)]
         dyn = dict(dynamic=problem.causal)
         return [GLUON_FP8.with_(**dyn), GLUON_FP8.with_(pingpong=False, **dyn),
                 GLUON_FP8.with_(pingpong=False, exp2_emu=8, **dyn),
