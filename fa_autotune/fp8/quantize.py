@@ -84,10 +84,7 @@ class Fp8Inputs:
     v_order: str = "natural"
 
     def __post_init__(self) -> None:
-        _check_choice("v_order", self.v_order, V_ORDERS)
-        if self.v_order == "wgmma" and self.v.shape[2] % 16:
-            raise InputError(f"v_order='wgmma' permutes keys within groups of 16: v's {self.v.shape[2]} keys "
-                             "are not a multiple of 16")
+        _check_v_order(self.v_order, self.v.shape[2])
 
     @property
     def recipe(self) -> Fp8Recipe:
@@ -161,10 +158,7 @@ def quantize_fp8(
     if not isinstance(sink_tile, bool):
         raise InputError(f"sink_tile must be True or False, got {sink_tile!r}")
     _validate(q, k, v, scaling, hadamard, fmt, block_q, block_k, seed)
-    _check_choice("v_order", v_order, V_ORDERS)
-    if v_order == "wgmma" and k.shape[2] % 16:
-        raise InputError(f"v_order='wgmma' permutes keys within groups of 16: {k.shape[2]} keys are not a multiple "
-                         "of 16; use v_order='natural' (or None)")
+    _check_v_order(v_order, k.shape[2])  # before any work; Fp8Inputs checks it again
     _check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         _check_fusable(q, k)
@@ -180,6 +174,13 @@ def quantize_fp8(
     return Fp8Inputs(q=q8, k=k8, v=v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, scaling=scaling,
                      hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed,
                      sources=(q, k) if sink_tile else None, v_order=v_order)
+
+
+def _check_v_order(v_order: str, n_keys: int) -> None:
+    _check_choice("v_order", v_order, V_ORDERS)
+    if v_order == "wgmma" and n_keys % 16:
+        raise InputError(f"v_order='wgmma' permutes keys within groups of 16: {n_keys} keys are not a multiple "
+                         "of 16; use v_order='natural'")
 
 
 def v_order_for(warp_specialize: bool, n_keys: int) -> str:

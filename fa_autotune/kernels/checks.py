@@ -67,7 +67,7 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
         if error:
             return error
     if problem.is_fp8:
-        error = _fp8_error(config, capability, problem.head_dim_pad)
+        error = _fp8_error(config, capability)
         if error:
             return error
     limit = _RESCALE_LIMIT.get(problem.dtype)
@@ -153,7 +153,7 @@ def _warp_specialize_error(config: KernelConfig, problem: Problem,
     return None
 
 
-def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None, head_dim_pad: int) -> ConfigError | None:
+def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None) -> ConfigError | None:
     """FP8 kernels exist for the Q-outer loop with one Q tile per program; Hopper's FP8
     MMA (or Ada's) does the dots."""
     if config.loop_order != "q_outer":
