@@ -17,9 +17,6 @@ program owns one scaling block, takes its maximum over CHUNK-row pieces and then
 casts the same pieces, which it has just read (the second read comes from L2, so the input
 crosses DRAM once).
 
-With a sink tile, Q's and K's passes also write the residual of each value (the scaled value
-less its FP8 rounding, rounded to the same format) for the rows the sink tile reads.
-
 The rotation is one ``tl.dot`` with M's entries ±1 (exact in fp16 and bf16) and float32
 accumulation, scaled by 1/sqrt(n) afterwards: the same values as the butterflies up to
 float32 summation order.
@@ -89,11 +86,11 @@ def _fp8_grid(x, MBITS: tl.constexpr, EMIN: tl.constexpr):
 
 
 @triton.jit
-def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, lo_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
-                o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, lo_stride_b, lo_stride_h,
-                lo_stride_n, lo_rows, heads, N, inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr,
-                DP: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr,
-                MBITS: tl.constexpr, EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr, HAS_LO: tl.constexpr):
+def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
+                o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N,
+                inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr,
+                MBITS: tl.constexpr, EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr):
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
                             ROTATE, INTERPRET)
@@ -101,8 +98,7 @@ def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, lo_ptr, stride_b, stride_h, st
     scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
                     other=1.0)
     _cast_store(y * inv_sqrt_n / scale[:, None], out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER, lo_ptr, lo_stride_b, lo_stride_h,
-                lo_stride_n, lo_rows, HAS_LO)
+                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
 
 
 @triton.jit
@@ -116,23 +112,13 @@ def wgmma_position(rows):
 @triton.jit
 def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
                 DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                WGMMA_ORDER: tl.constexpr, lo_ptr, lo_stride_b, lo_stride_h, lo_stride_n, lo_rows,
-                HAS_LO: tl.constexpr):
+                WGMMA_ORDER: tl.constexpr = False):
     """Clamp scaled values to the format's range, cast and store them (any output strides;
-    ``WGMMA_ORDER``: each row at its wgmma_position); with HAS_LO, the residual of rows below
-    ``lo_rows`` (the clamped value less its rounding, itself rounded to the format) into
-    ``lo_ptr`` (unit stride along the head dim)."""
-    clamped = tl.clamp(y, -fmax, fmax)
-    q = clamped
+    ``WGMMA_ORDER``: each row at its wgmma_position)."""
+    q = tl.clamp(y, -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
     cols = tl.arange(0, DP)
-    if HAS_LO:
-        rest = clamped - q.to(out_ptr.dtype.element_ty).to(tl.float32)
-        if INTERPRET:
-            rest = _fp8_grid(rest, MBITS, EMIN)
-        lo = (lo_ptr + b * lo_stride_b + h * lo_stride_h + rows[:, None].to(tl.int64) * lo_stride_n + cols[None, :])
-        tl.store(lo, rest.to(lo_ptr.dtype.element_ty), mask=mask & (rows[:, None] < lo_rows))
     if WGMMA_ORDER:
         rows = wgmma_position(rows)
     out = (out_ptr + b * o_stride_b + h * o_stride_h + rows[:, None].to(tl.int64) * o_stride_n
@@ -141,12 +127,11 @@ def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n
 
 
 @triton.jit
-def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, lo_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
-                     o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, lo_stride_b,
-                     lo_stride_h, lo_stride_n, lo_rows, heads, N, inv_sqrt_n, fmax, BLOCK: tl.constexpr,
-                     D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr,
-                     INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr,
-                     HAS_LO: tl.constexpr):
+def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
+                     o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, inv_sqrt_n,
+                     fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
+                     ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                     WGMMA_ORDER: tl.constexpr):
     """Per-block scaling in one launch: this program's BLOCK rows in ROWS-row pieces, their
     maximum |x M| first (NaN counted as inf), then the descale (amax / fmax; 1 for an
     all-zero block, never below float32's tiny; NaN for a block holding NaN or inf, as
@@ -167,8 +152,7 @@ def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, lo_ptr, stride_b, stride_
         y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
                                 ROWS, ROTATE, INTERPRET)
         _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER, lo_ptr, lo_stride_b, lo_stride_h,
-                    lo_stride_n, lo_rows, HAS_LO)
+                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
 
 
 def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> torch.Tensor:
@@ -183,45 +167,29 @@ def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> to
 
 
 def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, block: int, fmax: float,
-               out: torch.Tensor, wgmma_order: bool = False, lo: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
     """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides;
-    ``wgmma_order``: rows at their wgmma_position) and, with ``lo`` (contiguous (B, H, rows,
-    D)), the residual of its first rows there."""
+    ``wgmma_order``: rows at their wgmma_position)."""
     batch, heads, n, d = x.shape
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
-        x, m if m is not None else x, scale, out, *_residual_args(lo, out), *x.stride(), *out.stride(),
-        *scale.stride(), *_residual_strides(lo), heads, n, _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d,
-        DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None, INTERPRET=_interpreting(), **_format(out),
-        WGMMA_ORDER=wgmma_order, HAS_LO=lo is not None)
+        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
+        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None,
+        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order)
     return out
 
 
 def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float,
-                    out: torch.Tensor, wgmma_order: bool = False, lo: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
     """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
-    strides; ``wgmma_order``: rows at their wgmma_position; with ``lo``, contiguous (B, H,
-    rows, D), the residual of its first rows there) and return the (B, H, ceil(N / block))
-    float32 descales."""
+    strides; ``wgmma_order``: rows at their wgmma_position) and return the (B, H,
+    ceil(N / block)) float32 descales."""
     batch, heads, n, d = x.shape
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     _quantize_blocks[(batch * heads, scale.shape[2])](
-        x, m if m is not None else x, scale, out, *_residual_args(lo, out), *x.stride(), *out.stride(),
-        *scale.stride(), *_residual_strides(lo), heads, n, _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d,
-        DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None, INTERPRET=_interpreting(), **_format(out),
-        WGMMA_ORDER=wgmma_order, HAS_LO=lo is not None, num_stages=block_stages(padded_dim(d)))
+        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
+        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None,
+        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, num_stages=block_stages(padded_dim(d)))
     return scale
-
-
-def _residual_args(lo: torch.Tensor | None, out: torch.Tensor) -> tuple:
-    """The residual's pointer argument (``out`` stands in when there is none: never written)."""
-    if lo is not None and (not lo.is_contiguous() or lo.dtype != out.dtype):
-        raise ValueError("the residual must be contiguous and of the output's FP8 format")
-    return (lo if lo is not None else out,)
-
-
-def _residual_strides(lo: torch.Tensor | None) -> tuple:
-    """(stride_b, stride_h, stride_n, rows) of the residual, or zeros."""
-    return (*lo.stride()[:3], lo.shape[2]) if lo is not None else (0, 0, 0, 0)
 
 
 def _format(out: torch.Tensor) -> dict:

@@ -44,9 +44,6 @@ BACKENDS = ("auto", "triton", "torch")
 # "wgmma" needs the key count a multiple of 16; Triton's warp specialization cannot compile the
 # relabelling, so warp-specialized kernels read "natural" only (v_order_for).
 V_ORDERS = ("natural", "wgmma")
-# The sink tile's keys (Fp8Inputs.sources): K's FP8 residual is kept for the first SINK_KEYS
-# keys, the widest first K tile a kernel scores (a 256-key step).
-SINK_KEYS = 256
 _MAX_FUSED_ROWS = 65535 * 16  # grid axis 1 holds the row chunks (16 rows at the smallest block)
 _MIN_BLOCK = 16
 
@@ -79,10 +76,8 @@ class Fp8Inputs:
     block_q: int
     block_k: int
     seed: int
-    # With a sink tile (quantize_fp8(..., sink_tile=True)): the FP8 residuals (q_lo, k_lo) of q
-    # and of k's first min(N, SINK_KEYS) keys, in q's and k's descales (x - x8 in the scaled
-    # units, rounded to the same format; contiguous (B, H, rows, D)). The kernel scores the
-    # first K tile as q8 k8^T + q8 k_lo^T + q_lo k8^T: Q and K to about twice FP8's mantissa.
+    # With a sink tile (quantize_fp8(..., sink_tile=True)): q and k as they were given (not
+    # copied, not rotated); the kernel takes the first K tile's scores from them.
     sources: tuple[torch.Tensor, torch.Tensor] | None = None
     # V_ORDERS: "wgmma" stores each 16 keys of v in the FP8 wgmma's register order (what
     # attention_fp8 and the tuner quantize into for kernels that read it: v_order_for).
@@ -99,8 +94,8 @@ class Fp8Inputs:
     @property
     def scales(self) -> tuple:
         """What an FP8 kernel launch takes: (q_scale, k_scale, v_scale, block_q, block_k,
-        whether v is in the wgmma order), and the sink tile's (q_lo, k_lo) residuals after them
-        when there are any."""
+        whether v is in the wgmma order), and the sink tile's (q, k) sources after them when
+        there are any."""
         base = (self.q_scale, self.k_scale, self.v_scale, self.block_q, self.block_k, self.v_order == "wgmma")
         return base + self.sources if self.sources is not None else base
 
@@ -150,13 +145,12 @@ def quantize_fp8(
     one launch per tensor for per-block scaling; fp16/bf16 inputs), "torch" (eager float32
     reference), or "auto" (triton for fp16/bf16 CUDA tensors). ``check_finite`` raises InputError on NaN/inf
     inputs, at the cost of one host-device sync (attention_fp8 skips it, as attention() does
-    not scan its inputs either). ``sink_tile`` also keeps the FP8 residuals of q and of k's
-    first :data:`SINK_KEYS` keys (``Fp8Inputs.sources``), from which the kernel scores the
-    first K tile with Q and K to about twice FP8's mantissa: with attention sinks (first keys
-    whose scores dwarf the rest, as trained LLMs have) FP8's rounding of Q and K moves those
-    keys' weight by several percent of the output, and this keeps it to V's rounding (the
-    same error as 16-bit Q and K there). On by default, as in the default
-    :class:`~fa_autotune.Fp8Recipe`; ``sink_tile=False`` gives up that accuracy. ``v_order``
+    not scan its inputs either). ``sink_tile`` keeps q and k themselves (no copy) so that the
+    kernel scores the first K tile from them: with attention sinks (first keys whose scores
+    dwarf the rest, as trained LLMs have) FP8's rounding of Q and K moves those keys' weight
+    by several percent of the output, and this keeps it to V's rounding. On by default, as
+    in the default :class:`~fa_autotune.Fp8Recipe`; ``sink_tile=False`` gives up that
+    accuracy for warp-specialized kernels (3-7% faster on an H100 at D=128). ``v_order``
     (:data:`V_ORDERS`): how v's keys are stored along its sequence axis; "wgmma" (a key
     count that is a multiple of 16) spares the kernels moving P between threads, and every
     FP8 kernel but Triton's warp-specialized ones reads it (:func:`v_order_for`).
@@ -172,22 +166,14 @@ def quantize_fp8(
     quantize = _kernel_quantizer(q, seed if hadamard else None) if fused else \
         _torch_quantizer(random_hadamard_signs(q.shape[3], seed, q.device) if hadamard else None, check_finite)
     fmax, dtype = _FMT_MAX[fmt], fp8_dtype(fmt)
-    q_lo = _residual(q.shape, q.shape[2], q.device, dtype) if sink_tile else None
-    k_lo = _residual(k.shape, min(k.shape[2], SINK_KEYS), k.device, dtype) if sink_tile else None
-    (q8, q_scale), (k8, k_scale) = quantize("q", q, scaling, block_q, fmax, dtype, False, q_lo), \
-        quantize("k", k, scaling, block_k, fmax, dtype, False, k_lo)
-    v8, v_scale = quantize("v", v, scaling, block_k, fmax, dtype, v_order, None)
+    (q8, q_scale), (k8, k_scale) = quantize("q", q, scaling, block_q, fmax, dtype, False), \
+        quantize("k", k, scaling, block_k, fmax, dtype, False)
+    v8, v_scale = quantize("v", v, scaling, block_k, fmax, dtype, v_order)
     if fused and check_finite:  # one host-device sync for all three
         _check_finite({name: (x, s) for name, x, s in (("q", q, q_scale), ("k", k, k_scale), ("v", v, v_scale))})
     return Fp8Inputs(q=q8, k=k8, v=v8, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, scaling=scaling,
                      hadamard=hadamard, fmt=fmt, block_q=block_q, block_k=block_k, seed=seed,
-                     sources=(q_lo, k_lo) if sink_tile else None, v_order=v_order)
-
-
-def _residual(shape: tuple, rows: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """An empty contiguous FP8 residual of the first ``rows`` rows of a (B, H, N, D) input."""
-    batch, heads, _, d = shape
-    return torch.empty(batch, heads, rows, d, device=device, dtype=dtype)
+                     sources=(q, k) if sink_tile else None, v_order=v_order)
 
 
 def _check_v_order(v_order: str, n_keys: int) -> None:
@@ -236,7 +222,7 @@ def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str
                      sink_tile: bool = False, v_order: str = "natural") -> Fp8Inputs:
     """Uninitialized FP8 inputs laid out exactly as :func:`quantize_fp8` returns them (V
     sequence-contiguous in ``v_order``, descales with the strides of ``scaling``, with
-    ``sink_tile`` the residuals of q and k beside them): what compiling a kernel for such
+    ``sink_tile`` the 16-bit q and k kept beside them): what compiling a kernel for such
     inputs needs, without their data or a quantization pass."""
     _check_choice("scaling", scaling, SCALINGS)
     dtype = fp8_dtype(fmt)
@@ -250,8 +236,8 @@ def empty_fp8_inputs(q_shape: tuple, kv_shape: tuple, device: torch.device | str
                      v=_fp8_like(kv_shape, device, dtype, True), q_scale=descale(q_shape, block_q),
                      k_scale=descale(kv_shape, block_k), v_scale=descale(kv_shape, block_k), scaling=scaling,
                      hadamard=False, fmt=fmt, block_q=block_q, block_k=block_k, seed=0,
-                     sources=(_residual(q_shape, q_shape[2], device, dtype),
-                              _residual(kv_shape, min(kv_shape[2], SINK_KEYS), device, dtype)) if sink_tile else None,
+                     sources=(torch.empty(q_shape, device=device, dtype=torch.float16),
+                              torch.empty(kv_shape, device=device, dtype=torch.float16)) if sink_tile else None,
                      v_order=v_order)
 
 
@@ -268,12 +254,12 @@ def _fp8_like(shape: tuple, device: torch.device | str, dtype: torch.dtype, seq_
 def _torch_quantizer(signs: torch.Tensor | None, check_finite: bool):
     """Eager float32 quantization of one tensor (rotating it when ``signs`` and not V)."""
 
-    def quantize(name, x, scaling, block, fmax, dtype, v_order, lo):
+    def quantize(name, x, scaling, block, fmax, dtype, v_order):
         is_v = bool(v_order)  # Q and K pass False, V its order
         xt = hadamard_transform(x, signs) if signs is not None and not is_v else x.float()
         if check_finite:
             _check_finite({name: (x, xt)})
-        x8, scale = _quantize(xt, scaling, block, fmax, dtype, lo)
+        x8, scale = _quantize(xt, scaling, block, fmax, dtype)
         if not is_v:
             return x8.contiguous(), scale
         out = _fp8_like(x.shape, x.device, dtype, True)
@@ -292,15 +278,15 @@ def _kernel_quantizer(q: torch.Tensor, seed: int | None):
     non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
 
-    def quantize(name, x, scaling, block, fmax, dtype, v_order, lo):
+    def quantize(name, x, scaling, block, fmax, dtype, v_order):
         is_v, wgmma = bool(v_order), v_order == "wgmma"  # Q and K pass False, V its order
         batch, heads, n, _ = x.shape
         out = _fp8_like(x.shape, x.device, dtype, is_v)
         if scaling == "per_block":  # one launch: maxima, descales, cast
-            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out, wgmma, lo)
+            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out, wgmma)
         amax = kernels.chunk_amax(x, None if is_v else m, kernels.CHUNK)
         scale = _scale_of(_group_amax(amax, scaling, block // kernels.CHUNK), fmax, batch, heads, -(-n // block))
-        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, wgmma, lo), scale
+        return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, wgmma), scale
 
     return quantize
 
@@ -318,18 +304,12 @@ def _group_amax(chunk_amax: torch.Tensor, scaling: str, chunks_per_block: int) -
 
 
 def _quantize(
-    x: torch.Tensor, scaling: str, block: int, fmax: float, dtype: torch.dtype, lo: torch.Tensor | None = None
+    x: torch.Tensor, scaling: str, block: int, fmax: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 copy of float32 ``x`` (its own strides) and its (B, H, nblk) descale; with ``lo``,
-    the residual of its first ``lo.shape[2]`` rows written there (same descale and format)."""
+    """FP8 copy of float32 ``x`` (its own strides) and its (B, H, nblk) descale."""
     scale = _descale(x, scaling, block, fmax)
     row_scale = _row_scale(scale, x.shape[2], block)
-    scaled = (x / row_scale.unsqueeze(-1)).clamp_(-fmax, fmax)
-    x8 = scaled.to(dtype)
-    if lo is not None:
-        rows = lo.shape[2]
-        lo.copy_((scaled[:, :, :rows] - x8[:, :, :rows].float()).to(dtype))
-    return x8, scale
+    return (x / row_scale.unsqueeze(-1)).clamp_(-fmax, fmax).to(dtype), scale
 
 
 def _descale(x: torch.Tensor, scaling: str, block: int, fmax: float) -> torch.Tensor:

@@ -5,7 +5,6 @@ the launches of a config for one layout of q, k, v and out; :func:`prepare` wrap
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Callable
 
 import torch
@@ -19,10 +18,9 @@ from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors,
 from .render import KernelModule, load_module
 
 _Q_OUTER = ("Q", "K", "V", "Out", "Lse")
-_SOURCES = ("QLo", "KLo")  # FP8 with a sink tile: the FP8 residuals of Q and of K's first keys
+_SOURCES = ("Q16", "K16")  # FP8 with a sink tile: Q and K before quantization
 _NO_SOURCES = (None, None)
-# a warp-specialized kernel's sink tile
-_SINK_MERGE = ("Q", "QLo", "K", "KLo", "V", "Out", "LsePart", "Lse", "QScale", "KScale", "VScale")
+_SINK_MERGE = ("Q16", "K16", "V", "Out", "LsePart", "Lse", "VScale")  # a warp-specialized kernel's sink tile
 # That kernel's query rows per program (SINK_M) and warps: each program reloads the head's
 # first BLOCK_N keys, so taller programs read them fewer times.
 SINK_SHAPE = (64, 4)
@@ -30,7 +28,6 @@ _SPLIT_MAIN = ("Q", "K", "V", "OPart", "LsePart")
 _SPLIT_COMBINE = ("OPart", "LsePart", "Out", "Lse")
 _KV_OUTER = ("Q", "K", "V", "Out", "Lse", "AccScratch", "MScratch", "LScratch")
 _GLUON = ("q_desc", "k_desc", "v_desc", "o_desc", "Lse")
-_GLUON_SINK = ("klo_desc", "QLo")  # FP8, the sink tile inside: K's residual (a descriptor) and Q's
 
 Calls = Callable[..., list]  # (q, k, v, out, lse, scales) -> [(Launch, per-call tensors), ...]
 
@@ -102,7 +99,7 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
     sources = _sources(scales)
     if scales is not None and not fp8_capable:
         raise ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
-    if fp8_capable:  # the descales and the sink tile's residuals, or compile-time None
+    if fp8_capable:  # the descales and the sink tile's 16-bit sources, or compile-time None
         _fp8_scalars(scalars, scales, sources)
         flags = dict(flags, FP8=fp8_flag(scales), SINK_TILE=sources[0] is not None)
         if flags["FP8"] == 2 and config.warp_specialize:
@@ -121,9 +118,10 @@ def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, h
         sink = _sink_launch(module.KERNELS["sink"], scalars, flags)
 
         def calls(q, k, v, out, lse, scales):
+            q16, k16 = _sources(scales)
             part = torch.empty((batch_heads, rows), device=q.device, dtype=torch.float32)
-            return [(main, (q, k, v, out, part, *scales[:3], *_sources(scales))),
-                    (sink, _sink_tensors(q, k, v, out, part, lse, scales))]
+            return [(main, (q, k, v, out, part, *scales[:3], q16, k16)),
+                    (sink, (q16, k16, v, out, part, lse, scales[2]))]
     elif fp8_capable:
         def calls(q, k, v, out, lse, scales):
             if scales is None:
@@ -186,10 +184,9 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     strides, encoded on the host for each call."""
     fp8 = scales is not None
     sources = _sources(scales)
-    inside = sources[0] is not None and sink_inside(config, head_dim_pad)
-    sink = sources[0] is not None and not inside  # the sink tile apart, in a second kernel
+    sink = sources[0] is not None
     _fp8_scalars(scalars, scales, sources)
-    flags = dict(flags, FP8=fp8_flag(scales), SINK_TILE=2 if inside else 1 if sink else 0)
+    flags = dict(flags, FP8=fp8_flag(scales), SINK_TILE=sink)
     if sink:
         # The sink tile's kernel (the Triton family's, rendered for this key width) scores the
         # first BLOCK_N keys after this one, which reads the rest: keys shifted by BLOCK_N.
@@ -201,46 +198,24 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     scalars["SECTION"] = config.section or l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"],
                                                       head_dim_pad, q.element_size(), config.dynamic)
-    main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()) + _FP8_SCALES
-                  + _GLUON_SINK, scalars, flags, {"num_warps": config.num_warps})
+    main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()) + _FP8_SCALES,
+                  scalars, flags, {"num_warps": config.num_warps})
     descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
                                                              "v": config.BLOCK_N, "o": config.BLOCK_M},
                                      transposed=frozenset({"v"}) if fp8 else frozenset())
-    residual = _gluon_descriptors(q.dtype, head_dim_pad, {"klo": config.BLOCK_N}) if inside else None
     if sink:
         rows = scalars["N_Q"]
 
         def calls(q, k, v, out, lse, scales):
             part = torch.empty((scalars["BH"], rows), device=q.device, dtype=torch.float32)
-            return [(main, (*descriptors(q=q, k=k, v=v, o=out), part, *_tile_counter(config, q.device), *scales[:3],
-                            *_NO_SOURCES)),
-                    (merge, _sink_tensors(q, k, v, out, part, lse, scales))]
-    elif inside:
-        def calls(q, k, v, out, lse, scales):
-            q_lo, k_lo = _sources(scales)
-            return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device), *scales[:3],
-                            *residual(klo=k_lo), q_lo))]
+            return [(main, (*descriptors(q=q, k=k, v=v, o=out), part, *_tile_counter(config, q.device), *scales[:3])),
+                    (merge, (*_sources(scales), v, out, part, lse, scales[2]))]
     else:
         def calls(q, k, v, out, lse, scales):
             return [(main, (*descriptors(q=q, k=k, v=v, o=out), lse, *_tile_counter(config, q.device),
-                            *(scales[:3] if scales is not None else _NO_SCALES), *_NO_SOURCES))]
+                            *(scales[:3] if scales is not None else _NO_SCALES)))]
 
     return calls
-
-
-# The sink tile inside the Gluon FP8 kernel (sink_inside) is compiled and checked ahead of
-# time but has not yet run on a GPU: off unless FA_AUTOTUNE_FP8_SINK_INSIDE=1 (or this set).
-SINK_INSIDE = os.environ.get("FA_AUTOTUNE_FP8_SINK_INSIDE") == "1"
-
-
-def sink_inside(config: KernelConfig, head_dim_pad: int) -> bool:
-    """Whether a Gluon FP8 kernel scores the sink tile in its own first step (its K residual
-    in shared memory beside the ring, Q's in registers) rather than leaving it to a second
-    kernel: steps in turn (the overlapped schedule issues the first scores in its prologue)
-    up to a padded head dim of 128, where the residual fits beside the largest ring (256-key
-    steps two stages deep: 197 KB + 32 KB); while SINK_INSIDE is on."""
-    return (SINK_INSIDE and config.language == "gluon" and not config.overlap and not config.half_step
-            and head_dim_pad <= 128)
 
 
 def fp8_flag(scales: tuple | None) -> int:
@@ -250,19 +225,12 @@ def fp8_flag(scales: tuple | None) -> int:
 
 
 def _sources(scales: tuple | None) -> tuple:
-    """The sink tile's FP8 residuals (q_lo, k_lo) after Fp8Inputs.scales' six entries, or (None, None)."""
+    """The sink tile's 16-bit (q, k) after Fp8Inputs.scales' six entries, or (None, None)."""
     return tuple(scales[6:8]) if scales is not None and len(scales) > 6 else _NO_SOURCES
 
 
-def _sink_tensors(q, k, v, out, part, lse, scales: tuple) -> tuple:
-    """The sink kernel's tensors (_SINK_MERGE): Q and K with their residuals, V, the main
-    kernel's output and LSE part, the LSE to write and the three descales."""
-    q_lo, k_lo = _sources(scales)
-    return (q, q_lo, k, k_lo, v, out, part, lse, *scales[:3])
-
-
 def _fp8_scalars(scalars: dict[str, Any], scales: tuple | None, sources: tuple) -> None:
-    """The descales' (b, h, n) strides and blocks and the sink tile's residuals' strides
+    """The descales' (b, h, n) strides and blocks and the sink tile's 16-bit sources' strides
     among a launch's scalars (compile-time None where absent)."""
     if scales is None:
         scalars.update({f"stride_{p}{axis}": None for p in ("qs", "ks", "vs") for axis in "bhn"})
@@ -271,7 +239,7 @@ def _fp8_scalars(scalars: dict[str, Any], scales: tuple | None, sources: tuple) 
         for prefix, scale in zip(("qs", "ks", "vs"), scales[:3]):
             scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhn"), scale.stride()))
         scalars.update(Q_SCALE_BLOCK=scales[3], K_SCALE_BLOCK=scales[4])
-    for prefix, source in zip(("qlo", "klo"), sources):
+    for prefix, source in zip(("q16", "k16"), sources):
         strides = source.stride() if source is not None else (None,) * 4
         scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bhnd"), strides))
 
@@ -285,7 +253,7 @@ def _sink_config(block_n: int) -> KernelConfig:
 
 def _sink_launch(kernel, scalars: dict[str, Any], flags: dict[str, Any]) -> Launch:
     """The sink tile's kernel after a main kernel that skipped the first BLOCK_N keys and
-    wrote its part's LSE: it scores those keys from q and k with their residuals and merges them into
+    wrote its part's LSE: it scores those keys from the 16-bit q and k and merges them into
     the output by the LSE (SINK_SHAPE rows and warps per program)."""
     sink_m, sink_warps = SINK_SHAPE
     return Launch(kernel, (triton.cdiv(scalars["N_Q"], sink_m) * scalars["BH"],), _SINK_MERGE, scalars,

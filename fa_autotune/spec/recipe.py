@@ -26,8 +26,7 @@ class Fp8Recipe:
     """How FP8 inputs are quantized: ``scaling`` is the group sharing one scale (the whole
     tensor, a head, or ``block_q`` / ``block_k`` rows of a head), ``hadamard`` whether Q and
     K are rotated first (spreads outlier channels; QK^T is unchanged), ``sink_tile`` whether
-    the first K tile is scored with Q and K and their FP8 residuals, about as precisely as
-    from 16 bits (attention sinks, the first keys
+    the first K tile is scored from the unquantized Q and K (attention sinks, the first keys
     of a trained LLM's rows, score so high that FP8's rounding of Q and K moves whole units
     of the softmax's exponent). Defaults: FlashAttention-3's scaling, with the sink tile,
     the one recipe within 0.06 of float32 on both outlier-channel and attention-sink inputs

@@ -8,7 +8,6 @@ import torch
 
 import fa_autotune
 from fa_autotune import ConfigError, InputError, attention_fp8, quantize_fp8
-from fa_autotune.fp8.quantize import SINK_KEYS
 from fa_autotune.tune.reference import TOLERANCE, compare, reference_attention
 from fa_autotune.spec.problem import Problem
 from fa_autotune.tune.inputs import FP8_INPUT_KINDS, fp8_source_inputs
@@ -203,9 +202,7 @@ def test_sink_tile_keeps_attention_sinks_accurate(device, causal, align, n_q, sc
     assert plain > 0.1 and sink <= 0.06, (plain, sink)
     assert quantize_fp8(q, k, v, sink_tile=False).sources is None
     inputs = quantize_fp8(q, k, v, scaling=scaling, block_q=32, block_k=32)
-    q_lo, k_lo = inputs.sources  # FP8 residuals: all of q, k's first SINK_KEYS keys
-    assert q_lo.shape == q.shape and k_lo.shape == (*k.shape[:2], min(k.shape[2], SINK_KEYS), k.shape[3])
-    assert q_lo.dtype == k_lo.dtype == inputs.q.dtype
+    assert inputs.sources[0] is q and inputs.sources[1] is k  # kept, not copied
     ahead = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL)
     assert _error(ahead, q, k, v, causal, align) <= 0.06
     off = attention_fp8(inputs, causal=causal, causal_align=align, config=SMALL, sink_tile=False)
@@ -247,20 +244,15 @@ def test_sink_tile_mistakes_are_clear_errors(device):
 
 
 def test_sink_tile_sources_are_checked(device):
-    """The sink tile's residuals are what quantize_fp8(..., sink_tile=True) writes: contiguous,
-    in q's FP8 format, q_lo shaped as q, k_lo as k's first keys."""
+    """The sink tile's q and k are the tensors the FP8 ones came from."""
     import dataclasses
 
-    q, k, v = make_qkv(1, 2, 2, 64, 300, 32, torch.float16, device)
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 32, torch.float16, device)
     inputs = quantize_fp8(q, k, v, block_q=32, block_k=32, sink_tile=True)
-    q_lo, k_lo = inputs.sources
-    assert k_lo.shape == (1, 2, SINK_KEYS, 32)
-    for sources, match in (((q_lo[:, :, :32], k_lo), "sink tile's q_lo must be .* shape \\(1, 2, 64, 32\\)"),
-                           ((q_lo, k_lo[:, :, :64]), "sink tile's k_lo must be .* shape \\(1, 2, 256, 32\\)"),
-                           ((q.float(), k_lo), "q_lo must be a contiguous torch.float8_e4m3fn tensor"),
-                           ((q_lo.transpose(2, 3).contiguous().transpose(2, 3), k_lo), "q_lo must be a contiguous"),
-                           ((q_lo, k_lo.to(torch.float8_e5m2)), "k_lo must be"),
-                           ((q_lo, "k"), "got str")):
+    for sources, match in (((q[:, :, :32], k), "sink tile's q must be .* shape \\(1, 2, 64, 32\\)"),
+                           ((q, k.to(torch.int16)), "sink tile's k must be"),
+                           ((q, k.float()), "share a dtype"),
+                           ((q, "k"), "got str")):
         with pytest.raises(InputError, match=match):
             attention_fp8(dataclasses.replace(inputs, sources=sources), config=SMALL)
 

@@ -11,7 +11,6 @@ import triton
 
 from fa_autotune.errors import ConfigError
 from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT, compile_many, sass_loops
-from fa_autotune.kernels.fwd import sink_inside
 from fa_autotune.spec.config import KernelConfig
 from fa_autotune.spec.defaults import GLUON_BACKWARD
 from fa_autotune.spec.problem import Problem
@@ -84,9 +83,9 @@ def test_impossible_variants_become_statuses():
 @pytest.mark.parametrize("problem, operands", [(FP8_E4M3, "e4m3.e4m3"), (FP8_E5M2, "e5m2.e5m2"),
                                                (FP8_FULL, "e4m3.e4m3")])
 def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
-    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16, and so do the sink
-    tile's scores (the default recipe's: Q and K with their FP8 residuals), inline or in the
-    kernel that follows a warp-specialized one."""
+    """Both products (QK^T and PV) run as FP8 wgmma, not upcast to fp16; the only 16-bit
+    product is the sink tile's scores (the default recipe's), inline or in the kernel that
+    follows a warp-specialized one."""
     for (p, config), result in results.items():
         if p == problem:
             kernel, *side = result.kernels
@@ -94,7 +93,9 @@ def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
             assert [k.kernel for k in side] == ([config.name + "_sink"] if config.warp_specialize else [])
             for report in result.kernels:
                 fp8 = [kind for kind in report.mma if kind.endswith(operands)]
-                assert fp8 and len(fp8) == len(report.mma), report.mma
+                half = [kind for kind in report.mma if kind.endswith(".f16.f16")]
+                assert fp8 and len(fp8) + len(half) == len(report.mma), report.mma
+                assert len(half) == (0 if report is kernel and config.warp_specialize else 1), report.mma
 
 
 QUANTIZE_AOT = '''
@@ -243,9 +244,8 @@ GLUON_FP8 = [
 def test_gluon_fp8_kernels_run_both_products_in_fp8(problem, config, recipe):
     """The Gluon FlashAttention-3 kernel on FP8 inputs: Q K^T and P V both as FP8 wgmma (P
     quantized in registers, V read as V^T tiles), the consumers' registers raised, no spill
-    in the K/V steps; with the sink tile, scored in the kernel's first step where the steps
-    take turns without the overlap (fwd.sink_inside), else by the Triton kernel that follows,
-    for the same key width."""
+    in the K/V steps;
+    with the sink tile the Triton kernel that scores it follows, for the same key width."""
     (result,) = compile_many([config], problem, jobs=1, recipe=recipe, sass=True)
     assert result.status == "ok", result.error
     kernel, *side = result.kernels
@@ -257,62 +257,8 @@ def test_gluon_fp8_kernels_run_both_products_in_fp8(problem, config, recipe):
     # sink tile reloads one spilled scalar a step (an L1 hit), nothing more
     steps = [ops for _, _, ops in sass_loops(kernel.sass, innermost=True) if ops["QGMMA"]]
     assert steps and all(ops["STL"] == 0 and ops["LDL"] <= (config.dynamic and recipe.sink_tile) for ops in steps)
-    apart = recipe.sink_tile and not sink_inside(config, problem.head_dim_pad)
     assert [k.kernel for k in side] == ([f"attn_fwd_qouter_m128n{config.BLOCK_N}_w4s2_tma_ws_cband_pers1_sink"]
-                                        if apart else [])
-
-
-SINK_INSIDE_AOT = """
-import json, sys
-from dataclasses import replace
-from fa_autotune.kernels.aot import compile_variant
-from fa_autotune.spec.defaults import GLUON_FP8
-from fa_autotune.spec.problem import Problem
-from fa_autotune.spec.recipe import Fp8Recipe
-out = {}
-for causal in (False, True):
-    problem = Problem(4, 16, 16, 4096, 4096, 128, "float8_e4m3fn", causal=causal)
-    config = GLUON_FP8.with_(dynamic=causal)
-    for tile in (False, True):
-        r = compile_variant(config, problem, recipe=Fp8Recipe(sink_tile=tile), sass=True)
-        out[f"{causal}-{tile}"] = {"status": r.status, "error": r.error[-500:], "block_n": config.BLOCK_N,
-                                   "kernels": [k.kernel for k in r.kernels],
-                                   "shared": r.kernels[0].shared_bytes if r.kernels else 0,
-                                   "wgmma": dict(r.kernels[0].instructions).get("wgmma.mma_async", 0) if r.kernels else 0,
-                                   "local": r.kernels[0].step_loop_local_memory if r.kernels else None}
-print(json.dumps(out))
-"""
-
-
-def test_gluon_fp8_default_scores_the_sink_tile_in_its_first_step(tmp_path):
-    """The Hopper FP8 default (256-key steps in turn) with the default recipe and the sink
-    tile inside switched on (FA_AUTOTUNE_FP8_SINK_INSIDE=1): no second kernel; the first
-    step's scores are three FP8 products (Q K^T, Q K_lo^T with K's residual in shared memory
-    beside the ring, Q_lo K^T with Q's in registers), which cost 32 KB of shared memory and
-    nothing in the K/V steps."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "sink_inside_aot.py"
-    script.write_text(SINK_INSIDE_AOT)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["FA_AUTOTUNE_FP8_SINK_INSIDE"] = "1"
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    reports = json.loads(result.stdout.splitlines()[-1])
-    for causal in (False, True):
-        plain, sink = reports[f"{causal}-False"], reports[f"{causal}-True"]
-        assert plain["status"] == sink["status"] == "ok", (plain["error"], sink["error"])
-        assert len(sink["kernels"]) == 1  # no second kernel
-        extra = sink["shared"] - plain["shared"]
-        assert sink["block_n"] * 128 <= extra <= sink["block_n"] * 128 + 64, extra
-        assert sink["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)]
-        assert sink["wgmma"] > plain["wgmma"], (plain["wgmma"], sink["wgmma"])
-        # the K/V steps spill no more than without it (none without a mask; causal, the masked
-        # steps of this schedule move a dozen values through local memory with it, two dozen without)
-        assert sink["local"] <= plain["local"] and (causal or sink["local"] == 0), (plain["local"], sink["local"])
+                                        if recipe.sink_tile else [])
 
 
 def assert_turns_clear_of_triton(barriers, pingpong: bool, arrives: int, consumers: int = 2) -> None:
@@ -630,13 +576,12 @@ out = {}
 # the shipped H200 FP8 non-causal config (warp-specialized 128x256): a side kernel scores the sink tile
 shipped = KernelConfig(BLOCK_M=128, BLOCK_N=256, num_warps=4, num_stages=2, access="tensor_desc",
                        causal_mode="split", warp_specialize=True, persistent=1)
-pointer = KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
-for name, config, causal in (("pointer", pointer, True), ("pointer-plain", pointer, True),
+for name, config, causal in (("pointer", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3), True),
                              ("tensor_desc", KernelConfig(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3,
                                                           access="tensor_desc"), False),
                              ("shipped-ws", shipped, False)):
     x = empty_fp8_inputs((2, 16, 4096, 128), (2, 4, 4096, 128), "meta", block_q=128, block_k=config.BLOCK_N,
-                         sink_tile=name != "pointer-plain")
+                         sink_tile=True)
     o = torch.empty(2, 16, 4096, 128, device="meta", dtype=torch.bfloat16)
     launches = prepare(config, x.q, x.k, x.v, o, None, 0.088, 0, causal, x.scales).launches(
         x.q, x.k, x.v, o, None, x.scales)
@@ -648,19 +593,17 @@ for name, config, causal in (("pointer", pointer, True), ("pointer-plain", point
         ptx = compiled.asm["ptx"]
         out[name].append({"kernel": launch.kernel.__name__, "sink": launch.flags.get("SINK_TILE"),
                           "shared": compiled.metadata.shared, "mma": sorted(_mma_kinds(ptx)),
-                          "wgmma": ptx.count("wgmma.mma_async"),
                           "setmaxnreg": len(_setmaxnreg(ptx)), "stack": resource_usage(compiled.asm["cubin"])[1]})
 print(json.dumps(out))
 '''
 
 
 def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
-    """The FP8 kernel with a sink tile (first K tile scored from Q and K with their FP8
-    residuals) compiles for sm_90 on pointers and TMA: every product an e4m3 wgmma (the sink
-    tile's three more than the kernel without it), within shared memory and without a spill.
-    A warp-specialized config keeps its specialization (setmaxnreg) and a second kernel
-    holds the sink tile (Triton 3.6's warp-specialization pass failed on it inside the main
-    kernel)."""
+    """The FP8 kernel with a sink tile (first K tile scored from 16-bit Q and K) compiles for
+    sm_90 on pointers and TMA: both FP8 products stay e4m3 wgmma, the sink tile's product a
+    16-bit one, within shared memory and without a spill. A warp-specialized config keeps its
+    specialization (setmaxnreg, FP8 products only) and a second kernel holds the 16-bit
+    product (Triton 3.6's warp-specialization pass fails on it inside the main kernel)."""
     import json
     import subprocess
     import sys
@@ -672,18 +615,19 @@ def test_fp8_sink_tile_compiles_for_hopper(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout.splitlines()[-1])
     assert {name: [r["kernel"].endswith("_sink") for r in rs] for name, rs in reports.items()} == {
-        "pointer": [False], "pointer-plain": [False], "tensor_desc": [False], "shipped-ws": [False, True]}
+        "pointer": [False], "tensor_desc": [False], "shipped-ws": [False, True]}
     for name, kernels in reports.items():
         for report in kernels:
             kinds = report["mma"]
             assert 0 < report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)] and report["stack"] in (0, None), report
-            assert kinds and all(k.endswith("e4m3.e4m3") for k in kinds), kinds
-            if name == "shipped-ws" and not report["kernel"].endswith("_sink"):  # specialized
-                assert report["sink"] is True and report["setmaxnreg"] > 0, report
-            elif name in ("pointer", "tensor_desc"):  # the sink tile inline
-                assert report["sink"] is True and report["setmaxnreg"] == 0, report
-    # the inline sink tile's scores, Q K^T + Q K_lo^T + Q_lo K^T, and its PV product: 4 k-steps of 32 each
-    assert reports["pointer"][0]["wgmma"] == reports["pointer-plain"][0]["wgmma"] + 4 * 128 // 32
+            fp8 = any(k.endswith("e4m3.e4m3") for k in kinds)
+            half = any(k.endswith("f16.f16") for k in kinds)
+            if report["kernel"].endswith("_sink"):  # the sink tile and the merge: 16-bit scores, FP8 PV
+                assert half and fp8, kinds
+            elif name == "shipped-ws":  # specialized, FP8 products only
+                assert report["sink"] is True and report["setmaxnreg"] > 0 and fp8 and not half, report
+            else:  # the sink tile inline
+                assert report["sink"] is True and fp8 and half and report["setmaxnreg"] == 0, report
 
 
 WS_LSE_AOT = '''
