@@ -83,6 +83,10 @@ class Expression:
     def _function(self) -> Callable[[Mapping[str, Any]], Any]:
         return _compile(self.tree.body)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the compiled closures (built again where it is evaluated)."""
+        return {name: value for name, value in self.__dict__.items() if name != "_function"}
+
     def evaluate(self, env: Mapping[str, Any]) -> bool:
         """True or false for ``env``; anything else (a number, a division by zero, a string
         used as a number) is a SearchSpaceError naming the file, line and key."""

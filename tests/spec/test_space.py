@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 
@@ -309,6 +310,8 @@ def test_fp8_grid_walk_prunes_what_the_leaves_would_refuse():
     leaves = space._leaves(problem, space._checks_by_depth())
     rows = space.grid_rows(problem)
     assert len(rows) > 10_000 and len(leaves) <= 1.25 * len(rows)
+    # what the walk compiled is kept off the space, which stays picklable
+    assert pickle.loads(pickle.dumps(space)).grid(problem) == space.grid(problem)
 
 
 GUARDED = BASE.replace("num_warps: [4]", "num_warps: [4, 8]").replace("num_stages: [2]", "num_stages: [2, 3]") \
