@@ -305,7 +305,7 @@ def test_fp8_grid_walk_prunes_what_the_leaves_would_refuse():
     then throw away: a constraint that fails once its parameters are set drops the branch,
     and Gluon configs do not search the Triton-only tile order (which KernelConfig refuses).
     Here at D=256 without a mask 1.21 leaves a config, where it was 6.4 (the causal D=128
-    walk took 16 s a problem at tune start on two cores, now 3.5 s). What the walk compiled
+    walk took 14.5 s a problem at tune start on two cores, now 3.5 s). What the walk compiled
     is kept off the space, which stays picklable."""
     space = load_space("fwd").for_arch("sm90")
     problem = Problem(2, 16, 16, 8192, 8192, 256, "float8_e4m3fn", causal=False)
