@@ -116,10 +116,17 @@ class BackwardPlan:
             # dK and dV: stored whole by each consumer, or past D=128 a column half by each
             grads = _gluon_descriptors(q.dtype, d // 2 if wide else d, {"dk": config.BLOCK_N, "dv": config.BLOCK_N})
             self.descriptors = lambda q, k, v, do, dk, dv: inputs(q=q, k=k, v=v, do=do) + grads(dk=dk, dv=dv)
-            if config.dq_atomic:  # dQ's fp32 buffer, added into by TMA bulk reduces of BLOCK_M rows
-                # two consumers: half of the columns each; past D=128 chunks of DQ_COLS
-                cols = DQ_COLS.value if wide else d // (2 if config.consumers == 2 else 1)
-                self.acc_descriptor = _gluon_descriptors(torch.float32, cols, {"dq": config.BLOCK_M})
+            if config.dq_atomic:  # dQ's fp32 buffer, added into by TMA bulk reduces
+                # two consumers: half of the columns each (of 128-row steps half of the rows);
+                # past D=128 chunks of DQ_COLS
+                rows, cols = config.BLOCK_M, d
+                if wide:
+                    cols = DQ_COLS.value
+                elif config.consumers == 2 and config.BLOCK_M == 128:
+                    rows //= 2
+                elif config.consumers == 2:
+                    cols //= 2
+                self.acc_descriptor = _gluon_descriptors(torch.float32, cols, {"dq": rows})
         else:
             self.dkdv = Launch(module.KERNELS["dkdv"], (triton.cdiv(n_k, config.BLOCK_N), batch * heads_kv),
                                _BWD_DKDV, scalars, flags, options)

@@ -498,7 +498,8 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     up in fp32 itself (five matrix products a step, the adds as TMA bulk reduces), and its
     step loops keep their values in registers (at D=128 they once spilled 193 instructions a
     step, which halved its speed; a GQA causal variant now reloads about a dozen values a
-    step, in loops of 700-1100 instructions). dK and dV leave through TMA stores, or with the
+    step, in loops of 700-1100 instructions); with 128 query rows a step each consumer adds
+    half of dQ's rows, so no product is narrower than the head dim. dK and dV leave through TMA stores, or with the
     GQA group split over programs (group_split) as fp32 atomic adds and no TMA store."""
     from fa_autotune.kernels.bwd import triton_backward
 
@@ -523,6 +524,8 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     if config.dq_atomic:  # a few words of the GQA and tile loops' state at most
         spills = dkdv.stack_bytes, dkdv.step_loop_local_memory
         assert spills[0] <= 96 and spills[1] <= 12, spills
+    if config.dq_atomic and config.BLOCK_M == 128:  # each consumer adds half of dQ's rows at full width
+        assert {shape.split("k")[0] for shape in dkdv.mma} == {f"m64n{head_dim}"}, dkdv.mma
 
 
 @pytest.mark.parametrize("head_dim, group_split", [(256, 1), (192, 2)], ids=["d256", "d192-group-split2"])
