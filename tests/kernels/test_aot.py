@@ -499,8 +499,9 @@ def test_gluon_backward_compiles_for_hopper(config, head_dim):
     step loops keep their values in registers (at D=128 they once spilled 193 instructions a
     step, which halved its speed; a GQA causal variant now reloads about a dozen values a
     step, in loops of 700-1100 instructions); with 128 query rows a step each consumer adds
-    half of dQ's rows, so no product is narrower than the head dim. dK and dV leave through TMA stores, or with the
-    GQA group split over programs (group_split) as fp32 atomic adds and no TMA store."""
+    half of dQ's rows, so no product is narrower than the head dim. dK and dV leave through
+    TMA stores, or with the GQA group split over programs (group_split) as fp32 atomic adds and
+    no TMA store."""
     from fa_autotune.kernels.bwd import triton_backward
 
     problem = Problem(2, 16, 4, 2048, 2048, head_dim, "bfloat16", causal=True, kind="bwd")
