@@ -92,8 +92,8 @@ class BackwardPlan:
             splits = triton.cdiv(group, per_program)
             scalars.update(GPP=per_program, SPLITS=splits, BHK=batch * heads_kv * splits)
             wide = flags["HEAD_DIM_PAD"] > 128
-            # past D=128 the wide kernel skips a padded head dim's zero columns (D_REST)
-            flags = dict(flags, ATOMIC_DKV=splits > 1, D_REST=d_rest(head_dim, flags["HEAD_DIM_PAD"]) if wide else 0)
+            # S and dP skip a padded head dim's zero columns (D_REST: D=80, 96 and past 128)
+            flags = dict(flags, ATOMIC_DKV=splits > 1, D_REST=d_rest(head_dim, flags["HEAD_DIM_PAD"]))
             if splits > 1:
                 self.dkv_shape = (batch, heads_kv, n_k, flags["HEAD_DIM_PAD"])
             if wide and (error := wide_backward_error(config)) is not None:

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
-from .gluon_parts import first_q_tile, group_heads, tma_view
+from .gluon_parts import first_q_tile, group_heads, reduce_d, tma_view
 from .gluon_tma import async_reduce_add
 
 __all__ = ["DQ_COLS", "wide_consumer", "wide_producer"]
@@ -74,22 +74,6 @@ def wide_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_sm
             c += 1
 
 
-@gluon.jit
-def _reduce_d(a, b, zero, D_REST: gl.constexpr):
-    """a @ b^T over the head dim (a: rows x HEAD_DIM_PAD, b: keys x HEAD_DIM_PAD in shared
-    memory), issued async: past a padded head dim two products over the first half and the
-    next D_REST columns, so that the zero columns are not multiplied."""
-    if D_REST == 0:
-        tok = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
-    else:
-        HALF: gl.constexpr = a.shape[1] // 2
-        tok = warpgroup_mma(a.slice(0, HALF, dim=1), b.slice(0, HALF, dim=1).permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        tok = warpgroup_mma(a.slice(HALF, D_REST, dim=1), b.slice(HALF, D_REST, dim=1).permute((1, 0)), tok,
-                            is_async=True)
-    return tok
-
-
 @gluon.constexpr_function
 def _own_cols(wg: int, head_dim_pad: int, d_rest: int) -> int:
     """The head-dim columns consumer wg accumulates dK, dV and dQ over: its half, or for the
@@ -123,10 +107,10 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
     s = c % STAGES
     mbarrier.wait(q_ready.index(s), (c // STAGES) & 1)
     q = q_bufs.index(s)
-    s_tok = _reduce_d(q, k.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), D_REST)
+    s_tok = reduce_d(q, k.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout), D_REST)
     mbarrier.wait(do_ready, c & 1)
     do = do_smem.index(z)
-    dp_tok = _reduce_d(do, v.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout),
+    dp_tok = reduce_d(do, v.slice(WG * KEYS, KEYS, dim=0), gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout),
                        D_REST)
     rows = q0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     lse = gl.load(Lse + row0 + rows, mask=rows < N_Q, other=float("inf"))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
-__all__ = ["first_q_tile", "group_heads", "post_value", "read_value", "tma_view"]
+__all__ = ["first_q_tile", "group_heads", "post_value", "read_value", "reduce_d", "tma_view"]
 
 
 @gluon.jit
@@ -58,3 +59,20 @@ def first_q_tile(start_n, causal_offset, BLOCK_M: gl.constexpr, IS_CAUSAL: gl.co
     if IS_CAUSAL:
         m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M
     return m_lo
+
+
+@gluon.jit
+def reduce_d(a, b, zero, D_REST: gl.constexpr):
+    """a @ b^T over the head dim (a: rows x HEAD_DIM_PAD, b: keys x HEAD_DIM_PAD in shared
+    memory), issued async: past a padded head dim (D_REST > 0, kernels.fwd.d_rest) two
+    products, one wgmma group each, over the first half and the next D_REST columns, so that
+    the zero columns are not multiplied (D=96: 6 k-steps of 16 in place of 8)."""
+    if D_REST == 0:
+        tok = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+    else:
+        HALF: gl.constexpr = a.shape[1] // 2
+        tok = warpgroup_mma(a.slice(0, HALF, dim=1), b.slice(0, HALF, dim=1).permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        tok = warpgroup_mma(a.slice(HALF, D_REST, dim=1), b.slice(HALF, D_REST, dim=1).permute((1, 0)), tok,
+                            is_async=True)
+    return tok

@@ -552,6 +552,23 @@ def test_wide_gluon_backward_compiles_for_hopper(head_dim, group_split):
     assert dkdv.stack_bytes == 0 and dkdv.step_loop_local_memory == 0
 
 
+def test_gluon_backward_skips_the_padded_head_dim_columns_in_s_and_dp():
+    """At D=96 and 80 (padded to 128, kernels.fwd.d_rest 32 and 16) the Gluon backward's S and
+    dP reduce over 64 + 32 (or 64 + 16) columns: each step loop holds 2 x 2 (or 2 x 3) fewer
+    16-deep HGMMA than the same kernel at D=128, the other three products unchanged, and
+    nothing spills."""
+    loops = {}
+    for d in (128, 96, 80):
+        (result,) = compile_many([GLUON_BACKWARD], Problem(2, 16, 4, 2048, 2048, d, "bfloat16", causal=True, kind="bwd"),
+                                    jobs=1, sass=True)
+        assert result.status == "ok", result.error
+        (dkdv,) = [k for k in result.kernels if k.kernel.endswith("_dkdv")]
+        assert dkdv.stack_bytes <= 96 and dkdv.step_loop_local_memory <= 12
+        loops[d] = [ops["HGMMA"] for _, _, ops in sass_loops(dkdv.sass, innermost=True) if ops["HGMMA"]]
+    assert loops[128] and all(len(loops[d]) == len(loops[128]) for d in (96, 80)), loops
+    assert [n - 4 for n in loops[128]] == loops[96] and [n - 6 for n in loops[128]] == loops[80], loops
+
+
 def test_wide_gluon_backward_multiplies_only_the_real_head_dim_columns():
     """At D=192 (padded to 256, kernels.fwd.d_rest 64) the wide backward's S and dP reduce
     over 128 + 64 columns and the second consumer's dV, dK and dQ products cover its 64 real
