@@ -213,6 +213,7 @@ GPU_CASES = [  # (n_q, n_k, head_dim, causal, align, heads_q, heads_kv)
     (1024, 2048, 128, True, "bottom_right", 16, 4),
     (512, 512, 256, True, "top_left", 4, 4),
     (300, 700, 80, False, "top_left", 6, 3),
+    (333, 777, 96, True, "bottom_right", 4, 2),  # D=96's split S and dP on masked steps
     (257, 257, 128, True, "top_left", 14, 2),  # a group of 7: uneven parts when split
 ]
 
