@@ -559,8 +559,8 @@ def test_gluon_backward_skips_the_padded_head_dim_columns_in_s_and_dp():
     nothing spills."""
     loops = {}
     for d in (128, 96, 80):
-        (result,) = compile_many([GLUON_BACKWARD], Problem(2, 16, 4, 2048, 2048, d, "bfloat16", causal=True, kind="bwd"),
-                                    jobs=1, sass=True)
+        problem = Problem(2, 16, 4, 2048, 2048, d, "bfloat16", causal=True, kind="bwd")
+        (result,) = compile_many([GLUON_BACKWARD], problem, jobs=1, sass=True)
         assert result.status == "ok", result.error
         (dkdv,) = [k for k in result.kernels if k.kernel.endswith("_dkdv")]
         assert dkdv.stack_bytes <= 96 and dkdv.step_loop_local_memory <= 12
