@@ -1,43 +1,98 @@
-"""What a user of the quantize-for-me path gets: ``attention_fp8(q, k, v)`` on fp16 inputs
-(fused Triton quantization, then the dispatched FP8 kernel) against fp16 ``attention``,
-three interleaved rounds, on one GPU:
+"""What a user of the quantize-for-me path gets: ``attention_fp8(q, k, v)`` on 16-bit inputs
+(fused Triton quantization, then the dispatched FP8 kernel) against the same kernel on inputs
+quantized beforehand (issue 42's "quantize-included" ratio), ``quantize_fp8`` alone (time and
+the DRAM bytes it must move per second) and 16-bit ``attention``, interleaved rounds, one GPU:
 
-    python3 benchmarks/fp8_end_to_end.py
+    python3 benchmarks/fp8_end_to_end.py --out DIR
 
-Also times ``quantize_fp8`` alone, with and without its NaN scan (one host-device sync).
-Prints one line per problem (D=128, hidden 2048, B*N = 16384).
+Default problems: B 2, H 16, N 8192 at D 128 (causal and not) and D 256, bf16 inputs, the
+default recipe (per block + Hadamard, the sink tile on; ``--no-sink-tile`` turns it off on
+both sides). The prequantized side is quantized as ``attention_fp8(q, k, v)`` plans it (the
+blocks and V order of the kernel it runs), and both sides run that kernel: the dispatched
+one, and the Gluon FP8 default (``--configs``). Every output is
+checked against float32 first. Writes ``fp8-end-to-end.json`` (and prints one line per row).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import statistics
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", type=pathlib.Path, help="folder for fp8-end-to-end.json")
+    parser.add_argument("--problems", nargs="+", default=["2,16,8192,128,0", "2,16,8192,128,1", "2,16,8192,256,0"],
+                        help="B,H,N,D,causal per row")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rep-ms", type=float, default=100.0)
+    parser.add_argument("--no-sink-tile", action="store_true")
+    parser.add_argument("--configs", nargs="+", default=["dispatched", "gluon"], choices=["dispatched", "gluon"],
+                        help="the kernel both sides run: what attention_fp8 dispatches, or the Gluon FP8 default")
+    parser.add_argument("--small", action="store_true", help="a tiny fp16 problem on the CPU (Triton's interpreter)")
+    args = parser.parse_args()
+    if args.small:
+        args.problems, args.dtype = ["1,2,64,32,0"], "float16"
+    device = "cpu" if args.small else "cuda"
+    rows = [measure(*map(int, spec.split(",")), dtype=args.dtype, rounds=args.rounds, rep_ms=args.rep_ms,
+                    sink_tile=not args.no_sink_tile, device=device, kernel=kernel)
+            for spec in args.problems for kernel in args.configs]
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fp8-end-to-end.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int, rep_ms: float, sink_tile: bool,
+            device: str, kernel: str) -> dict:
+    import torch
+
     import fa_autotune
-    from fa_autotune.spec.problem import Problem
-    from fa_autotune.tune.inputs import random_inputs
+    from fa_autotune.runtime import api
+    from fa_autotune.spec.defaults import GLUON_FP8, GLUON_FP8_WIDE
     from fa_autotune.tune.measure import time_callable
 
-    for n in (4096, 16384):
-        for causal in (False, True):
-            p = Problem(16384 // n, 16, 16, n, n, 128, "float16", causal=causal)
-            q, k, v = random_inputs(p, "cuda")
-            calls = {"fp16 tuned": lambda: fa_autotune.attention(q, k, v, causal),
-                     "fp8 e2e (dispatched)": lambda: fa_autotune.attention_fp8(q, k, v, causal=causal),
-                     "quantize only": lambda: fa_autotune.quantize_fp8(q, k, v, check_finite=False),
-                     "quantize only + NaN check": lambda: fa_autotune.quantize_fp8(q, k, v)}
-            for f in calls.values():
-                f()
-            ms = {name: [] for name in calls}
-            for _ in range(3):
-                for name, f in calls.items():
-                    ms[name].append(time_callable(f, rep_ms=100).median_ms)
-            med = {name: statistics.median(v) for name, v in ms.items()}
-            print(p.key, " | ".join(f"{name} {m:.3f} ms ({med['fp16 tuned'] / m:.2f}x)" for name, m in med.items()),
-                  flush=True)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device=device, dtype=getattr(torch, dtype)) for _ in range(3))
+    causal = bool(causal)
+    config = None if kernel == "dispatched" else (GLUON_FP8_WIDE if d > 128 else GLUON_FP8.with_(dynamic=causal))
+    api._PLANS.clear()
+    here = fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile, config=config)
+    plan = next(p for p in api._PLANS.values() if p.quantize is not None)  # what that call planned
+    x = fa_autotune.quantize_fp8(q, k, v, **plan.quantize)
+    calls = {
+        "prequantized": lambda: fa_autotune.attention_fp8(x, causal=causal, config=plan.config, sink_tile=sink_tile),
+        "quantize_included": lambda: fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile,
+                                                               config=config),
+        "quantize_only": lambda: fa_autotune.quantize_fp8(q, k, v, **plan.quantize),
+        "bf16_attention": lambda: fa_autotune.attention(q, k, v, causal),
+    }
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    errors = {}
+    for name in ("prequantized", "quantize_included", "bf16_attention"):
+        out = calls[name]().float()
+        errors[name] = float((out - ref).norm() / ref.norm())
+        if not errors[name] < 0.1:  # NaN fails too
+            raise SystemExit(f"{name}: relative error {errors[name]} against float32")
+    del here, out, ref
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            samples[name].append(time_callable(fn, rep_ms=rep_ms, device=device).median_ms)
+    ms = {name: statistics.median(s) for name, s in samples.items()}
+    work = 4.0 * b * h * n * n * d / (2 if causal else 1)
+    moved = 3 * q.numel() * (q.element_size() + 1)  # read 16 bits, write 8, for q, k and v
+    row = {"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal, "dtype": dtype, "kernel": kernel,
+           "sink_tile": sink_tile, "config": plan.config.name, "quantize": plan.quantize, "ms": ms, "samples": samples,
+           "tflops": {name: work / ms[name] / 1e9 for name in ("prequantized", "quantize_included", "bf16_attention")},
+           "quantize_included_ratio": ms["prequantized"] / ms["quantize_included"],
+           "quantizer_tb_per_s": moved / ms["quantize_only"] / 1e9, "rel_error": errors,
+           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+    print(json.dumps({key: row[key] for key in ("batch", "heads", "seqlen", "head_dim", "causal", "kernel", "tflops",
+                                                "quantize_included_ratio", "quantizer_tb_per_s", "ms")}), flush=True)
+    return row
 
 
 if __name__ == "__main__":

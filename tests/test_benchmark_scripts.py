@@ -11,11 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_small(script: str, out: Path) -> None:
+def run_small(script: str, out: Path, *extra: str) -> None:
     """``benchmarks/<script> --small`` with one round of 1 ms into ``out``, in the interpreter."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--small", "--rounds", "1",
-                             "--rep-ms", "1", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300,
+                             "--rep-ms", "1", "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=300,
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -53,3 +53,11 @@ def test_training_step_runs_small_in_the_interpreter(tmp_path):
     if not __import__("torch").cuda.is_available():
         assert row["cells"]["cudnn"]["status"] == row["cells"]["fa4"]["status"] == "unavailable"
     assert "| 2 x 48 | " in (tmp_path / "training_step.md").read_text()
+
+
+def test_fp8_end_to_end_runs_small_in_the_interpreter(tmp_path):
+    run_small("fp8_end_to_end.py", tmp_path, "--configs", "dispatched")
+    (row,) = json.loads((tmp_path / "fp8-end-to-end.json").read_text())
+    assert row["device"] == "cpu" and row["quantize"]["v_order"] in ("wgmma", "natural")
+    assert set(row["ms"]) == {"prequantized", "quantize_included", "quantize_only", "bf16_attention"}
+    assert all(0 < e < 0.1 for e in row["rel_error"].values())  # checked against float32 before timing

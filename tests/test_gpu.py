@@ -221,16 +221,19 @@ def test_fp8_warp_specialized_128x256(persistent, fp8_pv):
 @pytest.mark.parametrize("scaling", ["per_tensor", "per_head", "per_block"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [128, 256])
-def test_fused_fp8_quantization_matches_eager(scaling, dtype, head_dim):
+@pytest.mark.parametrize("blocks", [dict(), dict(block_k=256, v_order="wgmma")], ids=["k128", "k256-wgmma"])
+def test_fused_fp8_quantization_matches_eager(scaling, dtype, head_dim, blocks):
     """The Triton quantization passes with the GPU's own FP8 conversion, against the float32
     eager path: same scales, FP8 codes equal but for rare one-step rounding differences
-    (D=256: the per-block pass's shallower pipeline, which fits in shared memory there)."""
+    (D=256: the per-block pass's shallower pipeline, which fits in shared memory there;
+    256-key blocks: whole blocks held in 16 warps' registers, V gathered into the wgmma
+    order)."""
     from fa_autotune.fp8.quantize import quantize_fp8
 
-    q, k, v = make_qkv(2, 8, 2, 1000, 1000, head_dim, dtype, "cuda")
+    q, k, v = make_qkv(2, 8, 2, 1008, 1008, head_dim, dtype, "cuda")
     q[..., 3] *= 20
-    fused = quantize_fp8(q, k, v, scaling=scaling, backend="triton")
-    eager = quantize_fp8(q, k, v, scaling=scaling, backend="torch")
+    fused = quantize_fp8(q, k, v, scaling=scaling, backend="triton", **blocks)
+    eager = quantize_fp8(q, k, v, scaling=scaling, backend="torch", **blocks)
     for name in ("q_scale", "k_scale", "v_scale"):
         torch.testing.assert_close(getattr(fused, name), getattr(eager, name), rtol=1e-5, atol=0)
     for name in ("q", "k", "v"):

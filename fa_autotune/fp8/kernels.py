@@ -12,10 +12,11 @@ its own dtype and write it once as FP8:
    sequence-contiguous for the FP8 PV product). Per-tensor and per-head descales come from
    a few tiny torch ops in between.
 
-Per-block scaling (the default recipe) is one launch per tensor, ``_quantize_blocks``: a
-program owns one scaling block, takes its maximum over CHUNK-row pieces and then scales and
-casts the same pieces, which it has just read (the second read comes from L2, so the input
-crosses DRAM once).
+Per-block scaling (the default recipe) is one launch per tensor, ``_quantize_blocks``, on a
+persistent grid: each program loads the rotation matrix once and walks scaling blocks; a
+block of up to 32768 values (256 x 128) is read once, rotated, reduced to its maximum and
+cast from registers (larger blocks go in pieces read twice, the second time from L2). V's
+wgmma order is gathered on the load side, so every FP8 store is 16 bytes wide.
 
 The rotation is one ``tl.dot`` with M's entries ±1 (exact in fp16 and bf16) and float32
 accumulation, scaled by 1/sqrt(n) afterwards: the same values as the butterflies up to
@@ -23,7 +24,9 @@ float32 summation order.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -35,31 +38,15 @@ from .hadamard import padded_dim
 CHUNK = 64  # rows per program; a scaling block (a power of two >= 16) smaller than this sets the chunk
 
 
-def block_stages(dp: int) -> int:
-    """Pipeline depth of _quantize_blocks' piece loop for padded head dim ``dp``: each stage
-    buffers a piece and the rotation matrix (48 KB at 128, 160 KB at 256 in fp16), so past
-    128 one stage (three asked for 499712 bytes of shared memory on an H200 at D=256)."""
-    return 3 if dp <= 128 else 1
-
-
 @triton.jit
 def _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N,
-            D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr):
-    """(rows, mask) of this program's ROWS x DP tile, times M when ROTATE (float32)."""
-    rows = chunk * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, DP)
-    mask = (rows[:, None] < N) & (cols[None, :] < D)
+            D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr,
+            WGMMA_ORDER: tl.constexpr = False):
+    """_rotate_tile for head ``bh``, loading M first."""
     base = x_ptr + (bh // heads).to(tl.int64) * stride_b + (bh % heads).to(tl.int64) * stride_h
-    x = tl.load(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d, mask=mask, other=0.0)
-    if ROTATE:
-        m = tl.load(m_ptr + cols[:, None] * DP + cols[None, :])
-        if INTERPRET:  # the interpreter's bf16 dot is wrong; float32 gives the same exact products
-            y = tl.dot(x.to(tl.float32), m.to(tl.float32), input_precision="ieee")
-        else:
-            y = tl.dot(x, m, out_dtype=tl.float32)
-    else:
-        y = x.to(tl.float32)
-    return y, rows, mask
+    cols = tl.arange(0, DP)
+    m = tl.load(m_ptr + cols[:, None] * DP + cols[None, :]) if ROTATE else 0.0
+    return _rotate_tile(base, m, chunk, stride_n, stride_d, N, D, DP, ROWS, ROTATE, INTERPRET, WGMMA_ORDER)
 
 
 @triton.jit
@@ -68,8 +55,7 @@ def _chunk_amax(x_ptr, m_ptr, amax_ptr, stride_b, stride_h, stride_n, stride_d, 
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
                             ROTATE, INTERPRET)
-    a = tl.where(y == y, tl.abs(y * inv_sqrt_n), float("inf"))  # NaN counts as inf
-    tl.store(amax_ptr + bh.to(tl.int64) * n_chunks + chunk, tl.max(tl.max(a, axis=1), axis=0))
+    tl.store(amax_ptr + bh.to(tl.int64) * n_chunks + chunk, _block_amax(y, inv_sqrt_n))
 
 
 @triton.jit
@@ -93,66 +79,119 @@ def _scale_cast(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, 
                 MBITS: tl.constexpr, EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr):
     bh, chunk = tl.program_id(0), tl.program_id(1)
     y, rows, mask = _rotate(x_ptr, m_ptr, bh, chunk, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP, ROWS,
-                            ROTATE, INTERPRET)
+                            ROTATE, INTERPRET, WGMMA_ORDER)
     b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
     scale = tl.load(scale_ptr + b * s_stride_b + h * s_stride_h + (rows // BLOCK) * s_stride_n, mask=rows < N,
                     other=1.0)
     _cast_store(y * inv_sqrt_n / scale[:, None], out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
+                o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
 
 
 @triton.jit
-def wgmma_position(rows):
-    """Where V's key ``rows`` sit in the wgmma order (quantize.V_ORDERS): within each 16 keys,
-    key 8a + 2c + b at 4c + 2a + b, the A-operand byte an FP8 wgmma's thread c reads for the
-    accumulator column it holds (the P tile's keys then stay in their thread)."""
-    return (rows & -16) | (((rows >> 1) & 3) << 2) | (((rows >> 3) & 1) << 1) | (rows & 1)
+def wgmma_key(pos):
+    """The key stored at V position ``pos`` in the wgmma order (quantize.V_ORDERS): within
+    each 16, key 8a + 2c + b sits at 4c + 2a + b, the A-operand byte an FP8 wgmma's thread c
+    reads for the accumulator column it holds (the P tile's keys then stay in their thread).
+    Keys never leave their group of 16, so a scaling block (a multiple of 16) keeps its keys."""
+    return (pos & -16) | (((pos >> 1) & 1) << 3) | (((pos >> 2) & 3) << 1) | (pos & 1)
 
 
 @triton.jit
-def _cast_store(y, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
-                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                WGMMA_ORDER: tl.constexpr = False):
-    """Clamp scaled values to the format's range, cast and store them (any output strides;
-    ``WGMMA_ORDER``: each row at its wgmma_position)."""
+def _cast_store(y, out_ptr, b, h, pos, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
+                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """Clamp scaled values to the format's range, cast and store them at positions ``pos``
+    (any output strides)."""
     q = tl.clamp(y, -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
     cols = tl.arange(0, DP)
-    if WGMMA_ORDER:
-        rows = wgmma_position(rows)
-    out = (out_ptr + b * o_stride_b + h * o_stride_h + rows[:, None].to(tl.int64) * o_stride_n
+    out = (out_ptr + b * o_stride_b + h * o_stride_h + pos[:, None].to(tl.int64) * o_stride_n
            + cols[None, :] * o_stride_d)
     tl.store(out, q.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
+def _block_amax(y, inv_sqrt_n):
+    """max |y| / sqrt(n) of a tile, NaN counted as inf (so that a bad input cannot hide)."""
+    a = tl.where(y == y, tl.abs(y * inv_sqrt_n), float("inf"))
+    return tl.max(tl.max(a, axis=1), axis=0)
+
+
+@triton.jit
 def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, stride_n, stride_d, o_stride_b,
-                     o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, inv_sqrt_n,
-                     fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
-                     ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                     WGMMA_ORDER: tl.constexpr):
-    """Per-block scaling in one launch: this program's BLOCK rows in ROWS-row pieces, their
-    maximum |x M| first (NaN counted as inf), then the descale (amax / fmax; 1 for an
-    all-zero block, never below float32's tiny; NaN for a block holding NaN or inf, as
-    quantize._scale_of says) stored and the same pieces scaled and cast."""
-    bh, blk = tl.program_id(0), tl.program_id(1)
-    first = blk * (BLOCK // ROWS)
-    amax = tl.full([], 0.0, tl.float32)
-    for i in range(BLOCK // ROWS):
-        y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
-                                ROWS, ROTATE, INTERPRET)
-        a = tl.where(y == y, tl.abs(y * inv_sqrt_n), float("inf"))
-        amax = tl.maximum(amax, tl.max(tl.max(a, axis=1), axis=0))
+                     o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, n_blocks,
+                     total, inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                     ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr,
+                     EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr, STAGES: tl.constexpr):
+    """Per-block scaling in one launch on a persistent grid: each program walks scaling
+    blocks (``total`` of them, ``n_blocks`` per head) with the rotation matrix loaded once.
+    A block of ROWS == BLOCK rows is read once and held in registers from maximum to cast;
+    a larger one goes in ROWS-row pieces, read again for the cast (from L2). The descale is
+    amax / fmax; 1 for an all-zero block, never below float32's tiny; NaN for a block
+    holding NaN or inf, as quantize._scale_of says."""
+    cols = tl.arange(0, DP)
+    if ROTATE:
+        m = tl.load(m_ptr + cols[:, None] * DP + cols[None, :])
+    else:
+        m = 0.0
+    for t in tl.range(tl.program_id(0), total, tl.num_programs(0), num_stages=STAGES):
+        bh = t // n_blocks
+        blk = t - bh * n_blocks
+        b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
+        base = x_ptr + b * stride_b + h * stride_h
+        if ROWS == BLOCK:
+            y, rows, mask = _rotate_tile(base, m, blk, stride_n, stride_d, N, D, DP, ROWS, ROTATE, INTERPRET,
+                                         WGMMA_ORDER)
+            scale = _descale_of(_block_amax(y, inv_sqrt_n), fmax)
+            tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + blk * s_stride_n, scale)
+            _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
+                        o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
+        else:
+            first = blk * (BLOCK // ROWS)
+            amax = tl.full([], 0.0, tl.float32)
+            for i in tl.range(BLOCK // ROWS, num_stages=1):
+                y, rows, mask = _rotate_tile(base, m, first + i, stride_n, stride_d, N, D, DP, ROWS, ROTATE,
+                                             INTERPRET, WGMMA_ORDER)
+                amax = tl.maximum(amax, _block_amax(y, inv_sqrt_n))
+            scale = _descale_of(amax, fmax)
+            tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + blk * s_stride_n, scale)
+            for i in tl.range(BLOCK // ROWS, num_stages=1):
+                y, rows, mask = _rotate_tile(base, m, first + i, stride_n, stride_d, N, D, DP, ROWS, ROTATE,
+                                             INTERPRET, WGMMA_ORDER)
+                _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
+                            o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN)
+
+
+@triton.jit
+def _rotate_tile(base, m, chunk, stride_n, stride_d, N, D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr,
+                 ROTATE: tl.constexpr, INTERPRET: tl.constexpr, WGMMA_ORDER: tl.constexpr = False):
+    """(x M, positions, mask) of one head's ROWS x DP tile ``chunk`` of output positions
+    (``base`` points at the head) with M already loaded (float32; x itself when not ROTATE).
+    ``WGMMA_ORDER``: position p holds key wgmma_key(p), gathered here (each row is still one
+    contiguous read) so that the FP8 store runs along contiguous positions; the mask reads
+    the positions (the same rows: the wgmma order needs N a multiple of 16), which keeps the
+    store vectorized."""
+    pos = chunk * ROWS + tl.arange(0, ROWS)
+    rows = wgmma_key(pos) if WGMMA_ORDER else pos
+    cols = tl.arange(0, DP)
+    mask = (pos[:, None] < N) & (cols[None, :] < D)
+    x = tl.load(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d, mask=mask, other=0.0)
+    if ROTATE:
+        if INTERPRET:  # the interpreter's bf16 dot is wrong; float32 gives the same exact products
+            y = tl.dot(x.to(tl.float32), m.to(tl.float32), input_precision="ieee")
+        else:
+            y = tl.dot(x, m, out_dtype=tl.float32)
+    elif INTERPRET:  # the interpreter has no bf16 scalars to mix with it
+        y = x.to(tl.float32)
+    else:  # kept in its 16 bits until the cast (half the registers of a float32 tile)
+        y = x
+    return y, pos, mask
+
+
+@triton.jit
+def _descale_of(amax, fmax):
     scale = tl.maximum(tl.where(amax > 0, amax / fmax, 1.0), 1.1754943508222875e-38)
-    scale = tl.where(amax == float("inf"), float("nan"), scale)
-    b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
-    tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + blk * s_stride_n, scale)
-    for i in range(BLOCK // ROWS):
-        y, rows, mask = _rotate(x_ptr, m_ptr, bh, first + i, stride_b, stride_h, stride_n, stride_d, heads, N, D, DP,
-                                ROWS, ROTATE, INTERPRET)
-        _cast_store(y * inv_sqrt_n / scale, out_ptr, b, h, rows, mask, o_stride_b, o_stride_h, o_stride_n,
-                    o_stride_d, fmax, DP, INTERPRET, MBITS, EMIN, WGMMA_ORDER)
+    return tl.where(amax == float("inf"), float("nan"), scale)
 
 
 def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> torch.Tensor:
@@ -169,7 +208,7 @@ def chunk_amax(x: torch.Tensor, m: torch.Tensor | None, rows: int = CHUNK) -> to
 def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, block: int, fmax: float,
                out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
     """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides;
-    ``wgmma_order``: rows at their wgmma_position)."""
+    ``wgmma_order``: keys in the wgmma order, kernels.wgmma_key)."""
     batch, heads, n, d = x.shape
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
         x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
@@ -179,17 +218,58 @@ def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, blo
 
 
 def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float,
-                    out: torch.Tensor, wgmma_order: bool = False) -> torch.Tensor:
+                    out: torch.Tensor, wgmma_order: bool = False, programs_per_sm: int | None = None) -> torch.Tensor:
     """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
-    strides; ``wgmma_order``: rows at their wgmma_position) and return the (B, H,
-    ceil(N / block)) float32 descales."""
+    strides; ``wgmma_order``: keys in the wgmma order, kernels.wgmma_key) and return the (B, H,
+    ceil(N / block)) float32 descales. ``programs_per_sm`` overrides the persistent grid's
+    width (block_launch's choice otherwise)."""
     batch, heads, n, d = x.shape
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
-    _quantize_blocks[(batch * heads, scale.shape[2])](
-        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
-        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=min(CHUNK, block), ROTATE=m is not None,
-        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, num_stages=block_stages(padded_dim(d)))
+    dp = padded_dim(d)
+    launch = block_launch(block, dp, m is not None)
+    total = batch * heads * scale.shape[2]
+    per_sm = launch.programs_per_sm if programs_per_sm is None else programs_per_sm
+    grid = (max(1, min(total, _sm_count(x.device) * per_sm)),)
+    _quantize_blocks[grid](
+        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n, scale.shape[2],
+        total, _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=dp, ROWS=launch.rows, ROTATE=m is not None,
+        INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, STAGES=launch.stages,
+        num_warps=launch.warps)
     return scale
+
+
+class BlockLaunch(NamedTuple):
+    """How _quantize_blocks runs for one (block, padded head dim)."""
+    rows: int  # rows per tile: the whole block when it fits registers, else pieces read twice
+    warps: int
+    stages: int  # tiles in flight per program (the loop's software pipeline)
+    programs_per_sm: int
+
+
+def block_launch(block: int, dp: int, rotate: bool = True) -> BlockLaunch:
+    """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
+    up to 256 x 128 is read from DRAM once and cast from registers. Past D=128 the rotated
+    tensors take one stage (the rotation matrix alone takes 128 KB of shared memory there)
+    and V (not rotated, stored transposed) tiles of 64 rows, which ptxas fits without
+    spilling."""
+    rows = min(block, (_TILE_VALUES if rotate or dp <= 128 else _TILE_VALUES // 2) // dp)
+    warps = max(4, min(16, rows * dp // 2048))
+    return BlockLaunch(rows=rows, warps=warps, stages=2 if dp <= 128 or not rotate else 1,
+                       programs_per_sm=max(1, 16 // warps))
+
+
+_TILE_VALUES = 32768
+
+
+@functools.cache
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors (the interpreter gets 2, so its programs walk several blocks)."""
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 2
 
 
 def _format(out: torch.Tensor) -> dict:

@@ -37,7 +37,7 @@ _INPUT_DTYPES = ("float16", "bfloat16", "float32")
 _KERNEL_DTYPES = ("float16", "bfloat16")
 BACKENDS = ("auto", "triton", "torch")
 # How V's keys are stored along its contiguous sequence axis: in order, or in each 16 keys
-# in the order an FP8 wgmma's threads hold P's columns in registers (kernels.wgmma_position),
+# in the order an FP8 wgmma's threads hold P's columns in registers (kernels.wgmma_key),
 # so that the kernels hand P to the PV product without moving it between threads (FlashAttention-3's
 # V permutation: compiled for sm_90, 7-8% fewer instructions in an unmasked K/V step and 20%
 # in a masked one of the Gluon 2 x 64 x 256 and Triton 64 x 128 kernels).
@@ -116,7 +116,7 @@ class Fp8Inputs:
 
 def wgmma_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Where each of ``n`` keys (a multiple of 16) sits in V's wgmma order
-    (fa_autotune.fp8.kernels.wgmma_position): within each 16, key 8a + 2c + b at 4c + 2a + b."""
+    (fa_autotune.fp8.kernels.wgmma_key gives the inverse): within each 16, key 8a + 2c + b at 4c + 2a + b."""
     r = torch.arange(n, device=device)
     return (r & -16) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1)
 

@@ -99,10 +99,11 @@ def test_fp8_kernels_use_fp8_tensor_cores(results, problem, operands):
 
 
 QUANTIZE_AOT = '''
-import json, triton
+import json, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fa_autotune.fp8 import kernels as qk
+from fa_autotune.kernels.aot import resource_usage
 
 ints = lambda *names: {n: "i32" for n in names}
 consts = lambda *names: {n: "constexpr" for n in names}
@@ -125,27 +126,36 @@ for dtype in ("fp16", "bf16"):
                            options={"num_warps": 4})
         out[f"cast {dtype} {rotate}"] = ["wgmma" in k.asm["ptx"], k.metadata.shared]
         # per-block scaling in one launch, specialized as the JIT specializes contiguous tensors
-        # (unit strides, 16-byte alignment: what lets Triton pipeline the loads)
-        names = list(common)
-        aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in ("x_ptr", "m_ptr", "scale_ptr", "out_ptr",
-                                                                           "stride_b", "stride_h", "stride_n", "N")}
-        for block, d in ((16, 80), (64, 80), (256, 80), (128, 256)):
-            c = dict(c, BLOCK=block, ROWS=min(64, block), D=d, DP=max(128, d), stride_d=1)
-            k = triton.compile(ASTSource(qk._quantize_blocks, dict(common, stride_d="constexpr"), c, aligned),
-                               target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": 4, "num_stages": qk.block_stages(c["DP"])})
+        # (unit strides, 16-byte alignment: what lets Triton pipeline the loads); V goes out
+        # sequence-contiguous in the wgmma order
+        blocks = dict(common, n_blocks="i32", total="i32", WGMMA_ORDER="constexpr", STAGES="constexpr")
+        names = list(blocks)
+        for block, d in ((16, 80), (64, 80), (256, 80), (128, 128), (256, 128), (128, 256), (256, 256)):
+            launch = qk.block_launch(block, max(128, d), rotate)
+            c = dict(c, BLOCK=block, ROWS=launch.rows, D=d, DP=max(128, d), STAGES=launch.stages, WGMMA_ORDER=not rotate,
+                     stride_d=1, **({"o_stride_n": 1} if not rotate else {"o_stride_d": 1}))
+            sig = dict(blocks, stride_d="constexpr", **{("o_stride_n" if not rotate else "o_stride_d"): "constexpr"})
+            aligned = {(names.index(n),): [["tt.divisibility", 16]]
+                       for n in ("x_ptr", "m_ptr", "scale_ptr", "out_ptr", "stride_b", "stride_h", "stride_n", "N",
+                                 "o_stride_b", "o_stride_h", "o_stride_d" if not rotate else "o_stride_n")}
+            k = triton.compile(ASTSource(qk._quantize_blocks, sig, c, aligned), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": launch.warps})
+            stores = re.findall(r"st\\.global\\.(v4\\.b32|b32|b16|b8)", k.asm["ptx"])
             # 16 rows are below wgmma's 64: the rotation takes mma.sync there
             out[f"blocks {dtype} {rotate} {block} d{d}"] = [("wgmma" if block >= 64 else "mma.sync") in k.asm["ptx"],
-                                                            k.metadata.shared]
+                                                            k.metadata.shared, resource_usage(k.asm["cubin"])[1],
+                                                            sorted(set(stores))]
 print(json.dumps(out))
 '''
 
 
 def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
     """The FP8 quantization kernels compile for sm_90 (fp16 and bf16, rotated or not: the
-    maxima and cast passes, and per-block scaling in one launch for blocks of 16-256 rows, at
-    D=80 and D=256 within shared memory as the JIT specializes it); the Hadamard rotation
-    runs on the tensor cores (wgmma)."""
+    maxima and cast passes, and per-block scaling in one launch for blocks of 16-256 rows at
+    D=80, 128 and 256, as the JIT specializes it) within shared memory; the Hadamard rotation
+    runs on the tensor cores (wgmma); the per-block kernel holds its tiles without spilling
+    and stores 16 bytes at a time, V in the wgmma order included (its keys are gathered on
+    the load side)."""
     import json
     import os
     import subprocess
@@ -156,11 +166,15 @@ def test_fused_quantization_kernels_compile_for_hopper(tmp_path):
                             cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(report) == 24
-    for name, (wgmma, shared) in report.items():
+    assert len(report) == 36
+    for name, (wgmma, shared, *blocks) in report.items():
         rotated = name.split()[2] == "True"
         assert wgmma == rotated, name
         assert shared <= SHARED_MEMORY_LIMIT[(9, 0)], name
+        if blocks:
+            stack, stores = blocks
+            assert stack == 0, name
+            assert "v4.b32" in stores and not {"b8", "b16"} & set(stores), (name, stores)
 
 
 GLUON = dict(language="gluon", access="tensor_desc", num_warps=4, BLOCK_M=64)
