@@ -13,6 +13,7 @@ import torch
 from ..errors import InputError
 
 _SIGNED_HADAMARD: dict = {}
+_HALVES: dict = {}
 
 
 def padded_dim(d: int) -> int:
@@ -70,3 +71,18 @@ def signed_hadamard(d: int, seed: int, device: torch.device, dtype: torch.dtype)
         m[:d, :d] = torch.block_diag(*[h] * (d // n)) * random_hadamard_signs(d, seed)[:, None]
         _SIGNED_HADAMARD[key] = m.to(device=device, dtype=dtype)
     return _SIGNED_HADAMARD[key]
+
+
+def hadamard_halves(d: int, seed: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The rotation of a head padded to 256 as two 128-wide products: the (256, 128) matrix
+    [M_L; M_R] with x M = [x_L M_L + x_R M_R, x_L M_L - x_R M_R] when n = 256 (D = 256, where
+    M = diag(s) [[H, H], [H, -H]] and M_L, M_R are M's left column half), else [x_L M_L,
+    x_R M_R] (M block-diagonal within each half: its diagonal 128 x 128 blocks). Half of M's
+    shared memory, the same exact ±1 products. Cached like :func:`signed_hadamard`."""
+    key = (d, seed, str(device), dtype)
+    if key not in _HALVES:
+        m = signed_hadamard(d, seed, device, dtype)
+        half = m.shape[0] // 2
+        _HALVES[key] = m[:, :half].contiguous() if d & -d == m.shape[0] else \
+            torch.cat((m[:half, :half], m[half:, half:])).contiguous()
+    return _HALVES[key]

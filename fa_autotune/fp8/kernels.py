@@ -98,13 +98,14 @@ def wgmma_key(pos):
 
 @triton.jit
 def _cast_store(y, out_ptr, b, h, pos, mask, o_stride_b, o_stride_h, o_stride_n, o_stride_d, fmax,
-                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr):
-    """Clamp scaled values to the format's range, cast and store them at positions ``pos``
-    (any output strides)."""
+                DP: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                COL0: tl.constexpr = 0):
+    """Clamp scaled values to the format's range, cast and store them at positions ``pos``,
+    columns COL0 to COL0 + DP (any output strides)."""
     q = tl.clamp(y, -fmax, fmax)
     if INTERPRET:  # Triton 3.6's interpreter loses the exponent carry when it rounds to FP8
         q = _fp8_grid(q, MBITS, EMIN)
-    cols = tl.arange(0, DP)
+    cols = COL0 + tl.arange(0, DP)
     out = (out_ptr + b * o_stride_b + h * o_stride_h + pos[:, None].to(tl.int64) * o_stride_n
            + cols[None, :] * o_stride_d)
     tl.store(out, q.to(out_ptr.dtype.element_ty), mask=mask)
@@ -122,24 +123,40 @@ def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, strid
                      o_stride_h, o_stride_n, o_stride_d, s_stride_b, s_stride_h, s_stride_n, heads, N, n_blocks,
                      total, inv_sqrt_n, fmax, BLOCK: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                      ROWS: tl.constexpr, ROTATE: tl.constexpr, INTERPRET: tl.constexpr, MBITS: tl.constexpr,
-                     EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr, STAGES: tl.constexpr):
+                     EMIN: tl.constexpr, WGMMA_ORDER: tl.constexpr, STAGES: tl.constexpr, HALVES: tl.constexpr,
+                     FULL: tl.constexpr):
     """Per-block scaling in one launch on a persistent grid: each program walks scaling
     blocks (``total`` of them, ``n_blocks`` per head) with the rotation matrix loaded once.
     A block of ROWS == BLOCK rows is read once and held in registers from maximum to cast;
-    a larger one goes in ROWS-row pieces, read again for the cast (from L2). The descale is
-    amax / fmax; 1 for an all-zero block, never below float32's tiny; NaN for a block
-    holding NaN or inf, as quantize._scale_of says."""
-    cols = tl.arange(0, DP)
+    a larger one goes in ROWS-row pieces, read again for the cast (from L2). HALVES (a
+    rotated head padded to 256): m_ptr holds hadamard.hadamard_halves' (256, 128) [M_L; M_R]
+    and each tile is two 128-wide products (FULL: D = 256, combined as [A + B, A - B]). The descale is amax / fmax; 1 for an all-zero block, never below
+    float32's tiny; NaN for a block holding NaN or inf, as quantize._scale_of says."""
+    MW: tl.constexpr = DP // 2 if HALVES else DP
+    cols = tl.arange(0, MW)
     if ROTATE:
-        m = tl.load(m_ptr + cols[:, None] * DP + cols[None, :])
+        m = tl.load(m_ptr + cols[:, None] * MW + cols[None, :])
     else:
         m = 0.0
+    if HALVES:
+        mr = tl.load(m_ptr + (MW + cols[:, None]) * MW + cols[None, :])
+    else:
+        mr = 0.0
     for t in tl.range(tl.program_id(0), total, tl.num_programs(0), num_stages=STAGES):
         bh = t // n_blocks
         blk = t - bh * n_blocks
         b, h = (bh // heads).to(tl.int64), (bh % heads).to(tl.int64)
         base = x_ptr + b * stride_b + h * stride_h
-        if ROWS == BLOCK:
+        if HALVES and ROWS == BLOCK:
+            yl, yr, rows, mask_l, mask_r = _rotate_halves(base, m, mr, blk, stride_n, stride_d, N, D, ROWS, FULL,
+                                                          INTERPRET, WGMMA_ORDER)
+            scale = _descale_of(tl.maximum(_block_amax(yl, inv_sqrt_n), _block_amax(yr, inv_sqrt_n)), fmax)
+            tl.store(scale_ptr + b * s_stride_b + h * s_stride_h + blk * s_stride_n, scale)
+            _cast_store(yl * inv_sqrt_n / scale, out_ptr, b, h, rows, mask_l, o_stride_b, o_stride_h, o_stride_n,
+                        o_stride_d, fmax, MW, INTERPRET, MBITS, EMIN)
+            _cast_store(yr * inv_sqrt_n / scale, out_ptr, b, h, rows, mask_r, o_stride_b, o_stride_h, o_stride_n,
+                        o_stride_d, fmax, MW, INTERPRET, MBITS, EMIN, MW)
+        elif ROWS == BLOCK:
             y, rows, mask = _rotate_tile(base, m, blk, stride_n, stride_d, N, D, DP, ROWS, ROTATE, INTERPRET,
                                          WGMMA_ORDER)
             scale = _descale_of(_block_amax(y, inv_sqrt_n), fmax)
@@ -177,15 +194,44 @@ def _rotate_tile(base, m, chunk, stride_n, stride_d, N, D: tl.constexpr, DP: tl.
     mask = (pos[:, None] < N) & (cols[None, :] < D)
     x = tl.load(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d, mask=mask, other=0.0)
     if ROTATE:
-        if INTERPRET:  # the interpreter's bf16 dot is wrong; float32 gives the same exact products
-            y = tl.dot(x.to(tl.float32), m.to(tl.float32), input_precision="ieee")
-        else:
-            y = tl.dot(x, m, out_dtype=tl.float32)
+        y = _times(x, m, INTERPRET)
     elif INTERPRET:  # the interpreter has no bf16 scalars to mix with it
         y = x.to(tl.float32)
     else:  # kept in its 16 bits until the cast (half the registers of a float32 tile)
         y = x
     return y, pos, mask
+
+
+@triton.jit
+def _times(x, m, INTERPRET: tl.constexpr):
+    """x @ m in float32 (the interpreter's bf16 dot is wrong; float32 gives the same exact products)."""
+    if INTERPRET:
+        y = tl.dot(x.to(tl.float32), m.to(tl.float32), input_precision="ieee")
+    else:
+        y = tl.dot(x, m, out_dtype=tl.float32)
+    return y
+
+
+@triton.jit
+def _rotate_halves(base, m_left, m_right, chunk, stride_n, stride_d, N, D: tl.constexpr, ROWS: tl.constexpr,
+                   FULL: tl.constexpr, INTERPRET: tl.constexpr, WGMMA_ORDER: tl.constexpr):
+    """_rotate_tile for a head padded to 256, as two 128-wide products with M_L and M_R
+    (hadamard.hadamard_halves): (left, right, positions, left mask, right mask)."""
+    pos = chunk * ROWS + tl.arange(0, ROWS)
+    rows = wgmma_key(pos) if WGMMA_ORDER else pos
+    cols = tl.arange(0, 128)
+    ptr = base + rows[:, None].to(tl.int64) * stride_n + cols[None, :] * stride_d
+    ml = (pos[:, None] < N) & (cols[None, :] < D)
+    mr = (pos[:, None] < N) & (cols[None, :] + 128 < D)
+    a = _times(tl.load(ptr, mask=ml, other=0.0), m_left, INTERPRET)
+    c = _times(tl.load(ptr + 128 * stride_d, mask=mr, other=0.0), m_right, INTERPRET)
+    if FULL:
+        left = a + c
+        right = a - c
+    else:
+        left = a
+        right = c
+    return left, right, pos, ml, mr
 
 
 @triton.jit
@@ -217,24 +263,26 @@ def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, blo
     return out
 
 
-def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float,
-                    out: torch.Tensor, wgmma_order: bool = False, programs_per_sm: int | None = None) -> torch.Tensor:
+def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float, out: torch.Tensor,
+                    wgmma_order: bool = False, programs_per_sm: int | None = None,
+                    halves: torch.Tensor | None = None) -> torch.Tensor:
     """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
     strides; ``wgmma_order``: keys in the wgmma order, kernels.wgmma_key) and return the (B, H,
-    ceil(N / block)) float32 descales. ``programs_per_sm`` overrides the persistent grid's
-    width (block_launch's choice otherwise)."""
+    ceil(N / block)) float32 descales. ``halves``: M as hadamard.hadamard_halves gives it, used
+    where block_launch says (a head padded to 256, blocks of up to 128 rows).
+    ``programs_per_sm`` overrides the persistent grid's width."""
     batch, heads, n, d = x.shape
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     dp = padded_dim(d)
-    launch = block_launch(block, dp, m is not None)
+    launch = block_launch(block, dp, m is not None, halves is not None)
     total = batch * heads * scale.shape[2]
     per_sm = launch.programs_per_sm if programs_per_sm is None else programs_per_sm
     grid = (max(1, min(total, _sm_count(x.device) * per_sm)),)
     _quantize_blocks[grid](
-        x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n, scale.shape[2],
-        total, _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=dp, ROWS=launch.rows, ROTATE=m is not None,
+        x, halves if launch.halves else m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n, scale.shape[2], total,
+        _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=dp, ROWS=launch.rows, ROTATE=m is not None,
         INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, STAGES=launch.stages,
-        num_warps=launch.warps)
+        HALVES=launch.halves, FULL=launch.halves and d & -d == dp, num_warps=launch.warps)
     return scale
 
 
@@ -244,18 +292,21 @@ class BlockLaunch(NamedTuple):
     warps: int
     stages: int  # tiles in flight per program (the loop's software pipeline)
     programs_per_sm: int
+    halves: bool = False  # the rotation as two 128-wide products (hadamard.hadamard_halves)
 
 
-def block_launch(block: int, dp: int, rotate: bool = True) -> BlockLaunch:
+def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False) -> BlockLaunch:
     """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
-    up to 256 x 128 is read from DRAM once and cast from registers. Past D=128 the rotated
-    tensors take one stage (the rotation matrix alone takes 128 KB of shared memory there)
-    and V (not rotated, stored transposed) tiles of 64 rows, which ptxas fits without
-    spilling."""
+    up to 256 x 128 is read from DRAM once and cast from registers. Past D=128 a rotated
+    block of up to 128 rows takes the rotation in halves when they are given (32 KB of
+    shared memory for the matrix instead of 128, so two stages fit); other rotated tiles
+    take one stage there, and V (not rotated, stored transposed) tiles of 64 rows, which
+    ptxas fits without spilling."""
+    halves = halves and rotate and dp > 128 and block * dp <= _TILE_VALUES
     rows = min(block, (_TILE_VALUES if rotate or dp <= 128 else _TILE_VALUES // 2) // dp)
     warps = max(4, min(16, rows * dp // 2048))
-    return BlockLaunch(rows=rows, warps=warps, stages=2 if dp <= 128 or not rotate else 1,
-                       programs_per_sm=max(1, 16 // warps))
+    return BlockLaunch(rows=rows, warps=warps, stages=2 if dp <= 128 or not rotate or halves else 1,
+                       programs_per_sm=max(1, 16 // warps), halves=halves)
 
 
 _TILE_VALUES = 32768

@@ -27,7 +27,7 @@ from ..spec.problem import check_qkv
 from ..spec.recipe import FP8_SCALINGS, Fp8Recipe
 from ..spec.target import interpreter_active
 from . import kernels
-from .hadamard import hadamard_transform, random_hadamard_signs, signed_hadamard
+from .hadamard import hadamard_halves, hadamard_transform, random_hadamard_signs, signed_hadamard
 
 FMT_OF_DTYPE = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 SCALINGS = FP8_SCALINGS  # Fp8Recipe.scaling
@@ -277,13 +277,15 @@ def _kernel_quantizer(q: torch.Tensor, seed: int | None):
     scaling, two otherwise); Q and K rotated when ``seed`` is given. Non-finite maxima give
     non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
+    halves = hadamard_halves(q.shape[3], seed, q.device, q.dtype) if seed is not None and q.shape[3] > 128 else None
 
     def quantize(name, x, scaling, block, fmax, dtype, v_order):
         is_v, wgmma = bool(v_order), v_order == "wgmma"  # Q and K pass False, V its order
         batch, heads, n, _ = x.shape
         out = _fp8_like(x.shape, x.device, dtype, is_v)
         if scaling == "per_block":  # one launch: maxima, descales, cast
-            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out, wgmma)
+            return out, kernels.quantize_blocks(x, None if is_v else m, block, fmax, out, wgmma,
+                                                halves=None if is_v else halves)
         amax = kernels.chunk_amax(x, None if is_v else m, kernels.CHUNK)
         scale = _scale_of(_group_amax(amax, scaling, block // kernels.CHUNK), fmax, batch, heads, -(-n // block))
         return kernels.scale_cast(x, None if is_v else m, scale, block, fmax, out, wgmma), scale

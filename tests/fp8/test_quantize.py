@@ -324,7 +324,7 @@ def test_fused_kernels_match_the_eager_path(scaling, fmt, hadamard, dtype):
     _same_quantization(quantize_fp8(q, k, v, backend="triton", **args), quantize_fp8(q, k, v, backend="torch", **args))
 
 
-@pytest.mark.parametrize("d, block", [(80, 16), (96, 128), (32, 256), (200, 256)])
+@pytest.mark.parametrize("d, block", [(80, 16), (96, 128), (32, 256), (200, 256), (256, 128), (192, 32)])
 def test_fused_kernels_odd_head_dims_and_block_sizes(d, block):
     q, k, v = make_qkv(1, 2, 2, 300, 300, d)
     args = dict(block_q=block, block_k=block)

@@ -128,11 +128,13 @@ for dtype in ("fp16", "bf16"):
         # per-block scaling in one launch, specialized as the JIT specializes contiguous tensors
         # (unit strides, 16-byte alignment: what lets Triton pipeline the loads); V goes out
         # sequence-contiguous in the wgmma order
-        blocks = dict(common, n_blocks="i32", total="i32", WGMMA_ORDER="constexpr", STAGES="constexpr")
+        blocks = dict(common, n_blocks="i32", total="i32", WGMMA_ORDER="constexpr", STAGES="constexpr",
+                      HALVES="constexpr", FULL="constexpr")
         names = list(blocks)
         for block, d in ((16, 80), (64, 80), (256, 80), (128, 128), (256, 128), (128, 256), (256, 256)):
-            launch = qk.block_launch(block, max(128, d), rotate)
+            launch = qk.block_launch(block, max(128, d), rotate, halves=True)  # D=256 x 128 rows: in halves
             c = dict(c, BLOCK=block, ROWS=launch.rows, D=d, DP=max(128, d), STAGES=launch.stages, WGMMA_ORDER=not rotate,
+                     HALVES=launch.halves, FULL=launch.halves,
                      stride_d=1, **({"o_stride_n": 1} if not rotate else {"o_stride_d": 1}))
             sig = dict(blocks, stride_d="constexpr", **{("o_stride_n" if not rotate else "o_stride_d"): "constexpr"})
             aligned = {(names.index(n),): [["tt.divisibility", 16]]
