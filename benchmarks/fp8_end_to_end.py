@@ -9,13 +9,14 @@ Default problems: B 2, H 16, N 8192 at D 128 (causal and not) and D 256, bf16 in
 default recipe (per block + Hadamard, the sink tile on; ``--no-sink-tile`` turns it off on
 both sides). The prequantized side is quantized as ``attention_fp8(q, k, v)`` plans it (the
 blocks and V order of the kernel it runs), and both sides run that kernel: the dispatched
-one, and the Gluon FP8 default (``--configs``). Every output is
+one, and the Gluon FP8 default (``--configs``; the dispatcher with tuned files set aside). Every output is
 checked against float32 first. Writes ``fp8-end-to-end.json`` (and prints one line per row).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 
@@ -51,21 +52,23 @@ def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int
 
     import fa_autotune
     from fa_autotune.runtime import api
-    from fa_autotune.spec.defaults import GLUON_FP8, GLUON_FP8_WIDE
     from fa_autotune.tune.measure import time_callable
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=getattr(torch, dtype)) for _ in range(3))
     causal = bool(causal)
-    config = None if kernel == "dispatched" else (GLUON_FP8_WIDE if d > 128 else GLUON_FP8.with_(dynamic=causal))
-    api._PLANS.clear()
-    here = fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile, config=config)
+    # an explicit config is not kept as a plan (each call would plan again): the Gluon default
+    # is what the dispatcher runs on Hopper with the tuned files set aside
+    os.environ["FA_AUTOTUNE_DISABLE_TUNED"] = "1" if kernel == "gluon" else "0"
+    api.DISPATCHER.reset()
+    here = fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile)
     plan = next(p for p in api._PLANS.values() if p.quantize is not None)  # what that call planned
+    if kernel == "gluon" and plan.config.language != "gluon":
+        raise SystemExit(f"the FP8 default here is {plan.config.name}, not a Gluon kernel (not Hopper?)")
     x = fa_autotune.quantize_fp8(q, k, v, **plan.quantize)
     calls = {
-        "prequantized": lambda: fa_autotune.attention_fp8(x, causal=causal, config=plan.config, sink_tile=sink_tile),
-        "quantize_included": lambda: fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile,
-                                                               config=config),
+        "prequantized": lambda: fa_autotune.attention_fp8(x, causal=causal, sink_tile=sink_tile),
+        "quantize_included": lambda: fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile),
         "quantize_only": lambda: fa_autotune.quantize_fp8(q, k, v, **plan.quantize),
         "bf16_attention": lambda: fa_autotune.attention(q, k, v, causal),
     }
@@ -76,6 +79,9 @@ def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int
         errors[name] = float((out - ref).norm() / ref.norm())
         if not errors[name] < 0.1:  # NaN fails too
             raise SystemExit(f"{name}: relative error {errors[name]} against float32")
+    prequantized = [p.config for p in api._PLANS.values() if getattr(p, "quantize", "") is None]
+    if prequantized != [plan.config]:
+        raise SystemExit(f"the prequantized call ran {prequantized}, the quantizing one {plan.config.name}")
     del here, out, ref
     samples = {name: [] for name in calls}
     for _ in range(rounds):
