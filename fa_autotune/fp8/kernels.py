@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import InputError
 from ..spec.target import interpreter_active
 from .hadamard import padded_dim
 
@@ -256,6 +257,7 @@ def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, blo
     """Write x M / scale[row // block], clamped to ±fmax, into FP8 ``out`` (any strides;
     ``wgmma_order``: keys in the wgmma order, kernels.wgmma_key)."""
     batch, heads, n, d = x.shape
+    _check_wgmma_rows(n, wgmma_order)
     _scale_cast[(batch * heads, triton.cdiv(n, CHUNK))](
         x, m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n,
         _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=padded_dim(d), ROWS=CHUNK, ROTATE=m is not None,
@@ -272,6 +274,7 @@ def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: f
     where block_launch says (a head padded to 256, blocks of up to 128 rows).
     ``programs_per_sm`` overrides the persistent grid's width."""
     batch, heads, n, d = x.shape
+    _check_wgmma_rows(n, wgmma_order)
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     dp = padded_dim(d)
     launch = block_launch(block, dp, m is not None, halves is not None)
@@ -297,12 +300,12 @@ class BlockLaunch(NamedTuple):
 
 def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False) -> BlockLaunch:
     """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
-    up to 256 x 128 is read from DRAM once and cast from registers. Past D=128 a rotated
-    block of up to 128 rows takes the rotation in halves when they are given (32 KB of
-    shared memory for the matrix instead of 128, so two stages fit); other rotated tiles
-    take one stage there, and V (not rotated, stored transposed) tiles of 64 rows, which
-    ptxas fits without spilling."""
-    halves = halves and rotate and dp > 128 and block * dp <= _TILE_VALUES
+    up to 256 x 128 is read from DRAM once and cast from registers. A rotated head padded to
+    256 takes the rotation in halves when they are given and its blocks hold at most 128
+    rows (64 KB of shared memory for the matrix instead of 128, so two stages fit); other
+    rotated tiles past D=128 take one stage, and V (not rotated, stored transposed) tiles of
+    64 rows there, which ptxas fits without spilling."""
+    halves = halves and rotate and dp == 256 and block * dp <= _TILE_VALUES
     rows = min(block, (_TILE_VALUES if rotate or dp <= 128 else _TILE_VALUES // 2) // dp)
     warps = max(4, min(16, rows * dp // 2048))
     return BlockLaunch(rows=rows, warps=warps, stages=2 if dp <= 128 or not rotate or halves else 1,
@@ -321,6 +324,12 @@ def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors (the interpreter gets 2, so its programs walk several blocks)."""
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 2
+
+
+def _check_wgmma_rows(n: int, wgmma_order: bool) -> None:
+    """The kernels mask the wgmma order by position, which is the key's group of 16."""
+    if wgmma_order and n % 16:
+        raise InputError(f"the wgmma order permutes keys within groups of 16; {n} keys are not a multiple of 16")
 
 
 def _format(out: torch.Tensor) -> dict:

@@ -27,7 +27,7 @@ from ..spec.problem import check_qkv
 from ..spec.recipe import FP8_SCALINGS, Fp8Recipe
 from ..spec.target import interpreter_active
 from . import kernels
-from .hadamard import hadamard_halves, hadamard_transform, random_hadamard_signs, signed_hadamard
+from .hadamard import hadamard_halves, hadamard_transform, padded_dim, random_hadamard_signs, signed_hadamard
 
 FMT_OF_DTYPE = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 SCALINGS = FP8_SCALINGS  # Fp8Recipe.scaling
@@ -277,7 +277,8 @@ def _kernel_quantizer(q: torch.Tensor, seed: int | None):
     scaling, two otherwise); Q and K rotated when ``seed`` is given. Non-finite maxima give
     non-finite descales, checked by the caller."""
     m = signed_hadamard(q.shape[3], seed, q.device, q.dtype) if seed is not None else None
-    halves = hadamard_halves(q.shape[3], seed, q.device, q.dtype) if seed is not None and q.shape[3] > 128 else None
+    wide = seed is not None and padded_dim(q.shape[3]) == 256
+    halves = hadamard_halves(q.shape[3], seed, q.device, q.dtype) if wide else None
 
     def quantize(name, x, scaling, block, fmax, dtype, v_order):
         is_v, wgmma = bool(v_order), v_order == "wgmma"  # Q and K pass False, V its order

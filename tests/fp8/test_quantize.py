@@ -324,7 +324,7 @@ def test_fused_kernels_match_the_eager_path(scaling, fmt, hadamard, dtype):
     _same_quantization(quantize_fp8(q, k, v, backend="triton", **args), quantize_fp8(q, k, v, backend="torch", **args))
 
 
-@pytest.mark.parametrize("d, block", [(80, 16), (96, 128), (32, 256), (200, 256), (256, 128), (192, 32)])
+@pytest.mark.parametrize("d, block", [(80, 16), (96, 128), (32, 256), (200, 256), (256, 128), (192, 32), (264, 64)])
 def test_fused_kernels_odd_head_dims_and_block_sizes(d, block):
     q, k, v = make_qkv(1, 2, 2, 300, 300, d)
     args = dict(block_q=block, block_k=block)
@@ -422,3 +422,17 @@ def test_v_order_errors():
     assert x.v_order == "natural"
     with pytest.raises(InputError, match="multiple of 16"):
         dataclasses.replace(x, v_order="wgmma")
+
+
+def test_kernel_entry_points_refuse_the_wgmma_order_on_ragged_keys():
+    """The kernels mask the wgmma order by position (the key's group of 16): called directly
+    with keys that are not a multiple of 16 they refuse instead of reading past the end."""
+    from fa_autotune.fp8 import kernels
+    from fa_autotune.fp8.quantize import _fp8_like
+
+    v = torch.randn(1, 2, 100, 32, dtype=torch.float16)
+    out = _fp8_like(v.shape, v.device, torch.float8_e4m3fn, True)
+    with pytest.raises(InputError, match="multiple of 16"):
+        kernels.quantize_blocks(v, None, 64, 448.0, out, wgmma_order=True)
+    with pytest.raises(InputError, match="multiple of 16"):
+        kernels.scale_cast(v, None, torch.ones(1, 2, 2), 64, 448.0, out, wgmma_order=True)
