@@ -10,7 +10,8 @@ default recipe (per block + Hadamard, the sink tile on; ``--no-sink-tile`` turns
 both sides). The prequantized side is quantized as ``attention_fp8(q, k, v)`` plans it (the
 blocks and V order of the kernel it runs), and both sides run that kernel: the dispatched
 one, and the Gluon FP8 default (``--configs``; the dispatcher with tuned files set aside). Every output is
-checked against float32 first. Writes ``fp8-end-to-end.json`` (and prints one line per row).
+checked against float32 first. Writes ``fp8-end-to-end.json`` (the command, commit and
+versions beside the rows) and prints one line per row.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
+import sys
 
 
 def main() -> None:
@@ -42,25 +45,51 @@ def main() -> None:
                     sink_tile=not args.no_sink_tile, device=device, kernel=kernel)
             for spec in args.problems for kernel in args.configs]
     if args.out:
+        import torch
+        import triton
+
+        import fa_autotune
+
+        package = pathlib.Path(fa_autotune.__file__).resolve().parent  # the tree measured (may be an older copy)
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=package).stdout.strip() or None
+        record = {"command": ["python3", *sys.argv], "commit": commit, "package": str(package),
+                  "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "device": rows[0]["device"], "rows": rows}
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fp8-end-to-end.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (args.out / "fp8-end-to-end.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int, rep_ms: float, sink_tile: bool,
             device: str, kernel: str) -> dict:
     import torch
 
-    import fa_autotune
     from fa_autotune.runtime import api
-    from fa_autotune.tune.measure import time_callable
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, device=device, dtype=getattr(torch, dtype)) for _ in range(3))
     causal = bool(causal)
     # an explicit config is not kept as a plan (each call would plan again): the Gluon default
     # is what the dispatcher runs on Hopper with the tuned files set aside
+    held = os.environ.get("FA_AUTOTUNE_DISABLE_TUNED")
     os.environ["FA_AUTOTUNE_DISABLE_TUNED"] = "1" if kernel == "gluon" else "0"
     api.DISPATCHER.reset()
+    try:
+        return _measure(q, k, v, b, h, n, d, causal, dtype, rounds, rep_ms, sink_tile, device, kernel)
+    finally:
+        if held is None:
+            os.environ.pop("FA_AUTOTUNE_DISABLE_TUNED")
+        else:
+            os.environ["FA_AUTOTUNE_DISABLE_TUNED"] = held
+        api.DISPATCHER.reset()
+
+
+def _measure(q, k, v, b, h, n, d, causal, dtype, rounds, rep_ms, sink_tile, device, kernel) -> dict:
+    import torch
+
+    import fa_autotune
+    from fa_autotune.runtime import api
+    from fa_autotune.tune.measure import time_callable
+
     here = fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile)
     plan = next(p for p in api._PLANS.values() if p.quantize is not None)  # what that call planned
     if kernel == "gluon" and plan.config.language != "gluon":
@@ -70,11 +99,11 @@ def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int
         "prequantized": lambda: fa_autotune.attention_fp8(x, causal=causal, sink_tile=sink_tile),
         "quantize_included": lambda: fa_autotune.attention_fp8(q, k, v, causal=causal, sink_tile=sink_tile),
         "quantize_only": lambda: fa_autotune.quantize_fp8(q, k, v, **plan.quantize),
-        "bf16_attention": lambda: fa_autotune.attention(q, k, v, causal),
+        "attention_16bit": lambda: fa_autotune.attention(q, k, v, causal),
     }
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     errors = {}
-    for name in ("prequantized", "quantize_included", "bf16_attention"):
+    for name in ("prequantized", "quantize_included", "attention_16bit"):
         out = calls[name]().float()
         errors[name] = float((out - ref).norm() / ref.norm())
         if not errors[name] < 0.1:  # NaN fails too
@@ -92,10 +121,10 @@ def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int
     moved = 3 * q.numel() * (q.element_size() + 1)  # read 16 bits, write 8, for q, k and v
     row = {"batch": b, "heads": h, "seqlen": n, "head_dim": d, "causal": causal, "dtype": dtype, "kernel": kernel,
            "sink_tile": sink_tile, "config": plan.config.name, "quantize": plan.quantize, "ms": ms, "samples": samples,
-           "tflops": {name: work / ms[name] / 1e9 for name in ("prequantized", "quantize_included", "bf16_attention")},
+           "tflops": {name: work / ms[name] / 1e9 for name in ("prequantized", "quantize_included", "attention_16bit")},
            "quantize_included_ratio": ms["prequantized"] / ms["quantize_included"],
            "quantizer_tb_per_s": moved / ms["quantize_only"] / 1e9, "rel_error": errors,
-           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
+           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     print(json.dumps({key: row[key] for key in ("batch", "heads", "seqlen", "head_dim", "causal", "kernel", "tflops",
                                                 "quantize_included_ratio", "quantizer_tb_per_s", "ms")}), flush=True)
     return row

@@ -57,7 +57,9 @@ def test_training_step_runs_small_in_the_interpreter(tmp_path):
 
 def test_fp8_end_to_end_runs_small_in_the_interpreter(tmp_path):
     run_small("fp8_end_to_end.py", tmp_path, "--configs", "dispatched")
-    (row,) = json.loads((tmp_path / "fp8-end-to-end.json").read_text())
+    record = json.loads((tmp_path / "fp8-end-to-end.json").read_text())
+    assert record["command"][1].endswith("fp8_end_to_end.py") and record["triton"]
+    (row,) = record["rows"]
     assert row["device"] == "cpu" and row["quantize"]["v_order"] in ("wgmma", "natural")
-    assert set(row["ms"]) == {"prequantized", "quantize_included", "quantize_only", "bf16_attention"}
+    assert set(row["ms"]) == {"prequantized", "quantize_included", "quantize_only", "attention_16bit"}
     assert all(0 < e < 0.1 for e in row["rel_error"].values())  # checked against float32 before timing

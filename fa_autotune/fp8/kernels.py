@@ -24,7 +24,6 @@ float32 summation order.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -33,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..errors import InputError
+from ..kernels.launch import _sm_count
 from ..spec.target import interpreter_active
 from .hadamard import padded_dim
 
@@ -131,8 +131,9 @@ def _quantize_blocks(x_ptr, m_ptr, scale_ptr, out_ptr, stride_b, stride_h, strid
     A block of ROWS == BLOCK rows is read once and held in registers from maximum to cast;
     a larger one goes in ROWS-row pieces, read again for the cast (from L2). HALVES (a
     rotated head padded to 256): m_ptr holds hadamard.hadamard_halves' (256, 128) [M_L; M_R]
-    and each tile is two 128-wide products (FULL: D = 256, combined as [A + B, A - B]). The descale is amax / fmax; 1 for an all-zero block, never below
-    float32's tiny; NaN for a block holding NaN or inf, as quantize._scale_of says."""
+    and each tile is two 128-wide products (FULL: D = 256, combined as [A + B, A - B]). The
+    descale is amax / fmax; 1 for an all-zero block, never below float32's tiny; NaN for a
+    block holding NaN or inf, as quantize._scale_of says."""
     MW: tl.constexpr = DP // 2 if HALVES else DP
     cols = tl.arange(0, MW)
     if ROTATE:
@@ -266,23 +267,21 @@ def scale_cast(x: torch.Tensor, m: torch.Tensor | None, scale: torch.Tensor, blo
 
 
 def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: float, out: torch.Tensor,
-                    wgmma_order: bool = False, programs_per_sm: int | None = None,
-                    halves: torch.Tensor | None = None) -> torch.Tensor:
+                    wgmma_order: bool = False, halves: torch.Tensor | None = None) -> torch.Tensor:
     """Per-block scaling in one launch: write x M / its block's descale into FP8 ``out`` (any
     strides; ``wgmma_order``: keys in the wgmma order, kernels.wgmma_key) and return the (B, H,
     ceil(N / block)) float32 descales. ``halves``: M as hadamard.hadamard_halves gives it, used
-    where block_launch says (a head padded to 256, blocks of up to 128 rows).
-    ``programs_per_sm`` overrides the persistent grid's width."""
+    where block_launch says (a head padded to 256, blocks of up to 128 rows)."""
     batch, heads, n, d = x.shape
     _check_wgmma_rows(n, wgmma_order)
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     dp = padded_dim(d)
     launch = block_launch(block, dp, m is not None, halves is not None)
     total = batch * heads * scale.shape[2]
-    per_sm = launch.programs_per_sm if programs_per_sm is None else programs_per_sm
-    grid = (max(1, min(total, _sm_count(x.device) * per_sm)),)
+    grid = (max(1, min(total, _sm_count(x.device) * launch.programs_per_sm)),)
+    rotation = halves if launch.halves else m if m is not None else x  # x: a pointer the kernel never reads
     _quantize_blocks[grid](
-        x, halves if launch.halves else m if m is not None else x, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n, scale.shape[2], total,
+        x, rotation, scale, out, *x.stride(), *out.stride(), *scale.stride(), heads, n, scale.shape[2], total,
         _inv_sqrt_n(d, m), fmax, BLOCK=block, D=d, DP=dp, ROWS=launch.rows, ROTATE=m is not None,
         INTERPRET=_interpreting(), **_format(out), WGMMA_ORDER=wgmma_order, STAGES=launch.stages,
         HALVES=launch.halves, FULL=launch.halves and d & -d == dp, num_warps=launch.warps)
@@ -313,17 +312,6 @@ def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False)
 
 
 _TILE_VALUES = 32768
-
-
-@functools.cache
-def _device_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors (the interpreter gets 2, so its programs walk several blocks)."""
-    return _device_sms(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 2
 
 
 def _check_wgmma_rows(n: int, wgmma_order: bool) -> None:

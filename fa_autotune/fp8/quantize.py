@@ -27,7 +27,8 @@ from ..spec.problem import check_qkv
 from ..spec.recipe import FP8_SCALINGS, Fp8Recipe
 from ..spec.target import interpreter_active
 from . import kernels
-from .hadamard import hadamard_halves, hadamard_transform, padded_dim, random_hadamard_signs, signed_hadamard
+from .hadamard import (hadamard_halves, hadamard_transform, padded_dim, random_hadamard_signs,
+                       signed_hadamard)
 
 FMT_OF_DTYPE = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 SCALINGS = FP8_SCALINGS  # Fp8Recipe.scaling
@@ -116,7 +117,8 @@ class Fp8Inputs:
 
 def wgmma_positions(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Where each of ``n`` keys (a multiple of 16) sits in V's wgmma order
-    (fa_autotune.fp8.kernels.wgmma_key gives the inverse): within each 16, key 8a + 2c + b at 4c + 2a + b."""
+    (fa_autotune.fp8.kernels.wgmma_key gives the inverse): within each 16, key 8a + 2c + b
+    at 4c + 2a + b."""
     r = torch.arange(n, device=device)
     return (r & -16) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1)
 

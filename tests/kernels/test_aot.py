@@ -133,9 +133,9 @@ for dtype in ("fp16", "bf16"):
         names = list(blocks)
         for block, d in ((16, 80), (64, 80), (256, 80), (128, 128), (256, 128), (128, 256), (256, 256)):
             launch = qk.block_launch(block, max(128, d), rotate, halves=True)  # D=256 x 128 rows: in halves
-            c = dict(c, BLOCK=block, ROWS=launch.rows, D=d, DP=max(128, d), STAGES=launch.stages, WGMMA_ORDER=not rotate,
-                     HALVES=launch.halves, FULL=launch.halves,
-                     stride_d=1, **({"o_stride_n": 1} if not rotate else {"o_stride_d": 1}))
+            c = dict(c, BLOCK=block, ROWS=launch.rows, D=d, DP=max(128, d), STAGES=launch.stages,
+                     WGMMA_ORDER=not rotate, HALVES=launch.halves, FULL=launch.halves, stride_d=1,
+                     **({"o_stride_n": 1} if not rotate else {"o_stride_d": 1}))
             sig = dict(blocks, stride_d="constexpr", **{("o_stride_n" if not rotate else "o_stride_d"): "constexpr"})
             aligned = {(names.index(n),): [["tt.divisibility", 16]]
                        for n in ("x_ptr", "m_ptr", "scale_ptr", "out_ptr", "stride_b", "stride_h", "stride_n", "N",
