@@ -51,12 +51,21 @@ def main() -> None:
         import fa_autotune
 
         package = pathlib.Path(fa_autotune.__file__).resolve().parent  # the tree measured (may be an older copy)
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=package).stdout.strip() or None
-        record = {"command": ["python3", *sys.argv], "commit": commit, "package": str(package),
-                  "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "device": rows[0]["device"], "rows": rows}
+        record = {"command": ["python3", *sys.argv], "commit": _commit_of(package.parent), "package": str(package),
+                  "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+                  "device": rows[0]["device"], "rows": rows}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "fp8-end-to-end.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _commit_of(tree: pathlib.Path) -> str | None:
+    """The commit checked out at ``tree``, or None where ``tree`` is not a checkout's root (an
+    exported copy sitting inside another checkout would otherwise report that one's)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=tree).stdout.strip()
+
+    top = git("rev-parse", "--show-toplevel")
+    return git("rev-parse", "HEAD") if top and pathlib.Path(top).resolve() == tree.resolve() else None
 
 
 def measure(b: int, h: int, n: int, d: int, causal: int, dtype: str, rounds: int, rep_ms: float, sink_tile: bool,
