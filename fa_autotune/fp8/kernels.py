@@ -32,8 +32,7 @@ import triton
 import triton.language as tl
 
 from ..errors import InputError
-from ..kernels.launch import _sm_count
-from ..spec.target import interpreter_active
+from ..spec.target import detect_gpu, interpreter_active
 from .hadamard import padded_dim
 
 CHUNK = 64  # rows per program; a scaling block (a power of two >= 16) smaller than this sets the chunk
@@ -312,6 +311,14 @@ def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False)
 
 
 _TILE_VALUES = 32768
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors, as the dispatcher detected them (fp8 sits below kernels, so
+    not kernels.launch's); the interpreter gets 2, so its programs walk several blocks."""
+    if device.type != "cuda":
+        return 2
+    return detect_gpu(device.index if device.index is not None else torch.cuda.current_device()).sm_count
 
 
 def _check_wgmma_rows(n: int, wgmma_order: bool) -> None:
