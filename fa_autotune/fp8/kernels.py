@@ -275,7 +275,7 @@ def quantize_blocks(x: torch.Tensor, m: torch.Tensor | None, block: int, fmax: f
     _check_wgmma_rows(n, wgmma_order)
     scale = torch.empty(batch, heads, triton.cdiv(n, block), device=x.device, dtype=torch.float32)
     dp = padded_dim(d)
-    launch = block_launch(block, dp, m is not None, halves is not None)
+    launch = block_launch(block, dp, m is not None, halves is not None, transposed=out.stride(3) != 1)
     total = batch * heads * scale.shape[2]
     grid = (max(1, min(total, _sm_count(x.device) * launch.programs_per_sm)),)
     rotation = halves if launch.halves else m if m is not None else x  # x: a pointer the kernel never reads
@@ -296,15 +296,21 @@ class BlockLaunch(NamedTuple):
     halves: bool = False  # the rotation as two 128-wide products (hadamard.hadamard_halves)
 
 
-def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False) -> BlockLaunch:
+def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False,
+                 transposed: bool = False) -> BlockLaunch:
     """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
     up to 256 x 128 is read from DRAM once and cast from registers. A rotated head padded to
     256 takes the rotation in halves when they are given and its blocks hold at most 128
     rows (64 KB of shared memory for the matrix instead of 128, so two stages fit); other
     rotated tiles past D=128 take one stage, and V (not rotated, stored transposed) tiles of
-    64 rows there, which ptxas fits without spilling."""
+    64 rows there, which ptxas fits without spilling. A ``transposed`` output (V, sequence
+    axis contiguous) padded to 128 goes in 64-row pieces on 4 warps too: the transpose of a
+    whole 128- or 256-row tile through shared memory was the quantizer's slow part, slower
+    than reading the block twice (benchmarks/results/2026-12-07-h100-fp8-v-transpose/)."""
     halves = halves and rotate and dp == 256 and block * dp <= _TILE_VALUES
     rows = min(block, (_TILE_VALUES if rotate or dp <= 128 else _TILE_VALUES // 2) // dp)
+    if transposed and dp == 128 and block > 64:
+        rows = 64
     warps = max(4, min(16, rows * dp // 2048))
     return BlockLaunch(rows=rows, warps=warps, stages=2 if dp <= 128 or not rotate or halves else 1,
                        programs_per_sm=max(1, 16 // warps), halves=halves)

@@ -389,6 +389,24 @@ def test_per_block_scaling_is_one_launch_per_tensor(monkeypatch):
     assert launches == ["chunk_amax", "scale_cast"] * 3
 
 
+@pytest.mark.parametrize("block", [128, 256])
+@pytest.mark.parametrize("v_order", ["natural", "wgmma"])
+def test_transposed_v_at_d128_goes_in_64_row_pieces(v_order, block):
+    """V's sequence-contiguous output at D=128 is written from 64-row pieces (the transpose
+    of a whole 128- or 256-row tile was the slow part on an H100), each block's maximum
+    taken over its pieces before any is cast: the same codes and descales as the eager
+    path, ragged last block included."""
+    from fa_autotune.fp8 import kernels
+
+    assert kernels.block_launch(block, 128, rotate=False, transposed=True)[:2] == (64, 4)
+    assert kernels.block_launch(block, 128, rotate=False).rows == block
+    assert kernels.block_launch(64, 128, rotate=False, transposed=True).rows == 64
+    q, k, v = make_qkv(1, 2, 2, 64, 400, 128)
+    v[:, :, 3] *= 30  # one loud key: its block's descale differs from the others'
+    args = dict(block_q=64, block_k=block, v_order=v_order)
+    _same_quantization(quantize_fp8(q, k, v, backend="triton", **args), quantize_fp8(q, k, v, backend="torch", **args))
+
+
 @pytest.mark.parametrize("scaling", ["per_head", "per_block"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_v_in_the_wgmma_order(backend, scaling):

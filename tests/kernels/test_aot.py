@@ -132,7 +132,7 @@ for dtype in ("fp16", "bf16"):
                       HALVES="constexpr", FULL="constexpr")
         names = list(blocks)
         for block, d in ((16, 80), (64, 80), (256, 80), (128, 128), (256, 128), (128, 256), (256, 256)):
-            launch = qk.block_launch(block, max(128, d), rotate, halves=True)  # D=256 x 128 rows: in halves
+            launch = qk.block_launch(block, max(128, d), rotate, halves=True, transposed=not rotate)  # V: transposed
             c = dict(c, BLOCK=block, ROWS=launch.rows, D=d, DP=max(128, d), STAGES=launch.stages,
                      WGMMA_ORDER=not rotate, HALVES=launch.halves, FULL=launch.halves, stride_d=1,
                      **({"o_stride_n": 1} if not rotate else {"o_stride_d": 1}))
