@@ -13,6 +13,8 @@ pointers are marked 16-divisible, None is a constant.
 from __future__ import annotations
 
 import collections
+import contextlib
+import io
 import multiprocessing
 import os
 import re
@@ -23,7 +25,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 import triton
@@ -155,7 +157,8 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         signature, consts, attrs = _specialize(launch, args)
         try:
             source = (GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource)(fn, signature, consts, attrs)
-            compiled = triton.compile(source, target=target, options=launch.options)
+            with compiler_prints_kept():
+                compiled = triton.compile(source, target=target, options=launch.options)
         except Exception as exc:  # compiler failures are data for the tuner
             return CompileResult(config, "compile_error", time.perf_counter() - start, tuple(reports),
                                  compile_error_message(exc))
@@ -251,13 +254,31 @@ def _mma_kinds(ptx: str) -> tuple[str, ...]:
 
 def compile_error_message(exc: BaseException) -> str:
     """One line for a failed compile: the innermost cause (Triton chains a CompilationError per
-    inlined function) as `Type: message`, its last line not a source caret."""
+    inlined function) as `Type: message`, its last line not a source caret; for ptxas, its
+    first fatal or error line (the last is the repro command, which names a deleted file)."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip() and set(line.strip()) != {"^"}]
     where = next((line for line in lines if line.startswith("at ") and line.endswith(":")), "")
-    text = lines[-1] if lines and lines[-1] != where else ""
+    ptxas = next((line for line in lines if re.match(r"ptxas (fatal|error)", line)), "")
+    text = ptxas or (lines[-1] if lines and lines[-1] != where else "")
     return " ".join(part for part in (type(exc).__name__, where, text) if part)
+
+
+@contextlib.contextmanager
+def compiler_prints_kept() -> Iterator[io.StringIO]:
+    """Keep what Triton prints while it compiles off stdout: on a failed ptxas run it prints
+    the kernel's whole PTX (thousands of lines, "please share the reproducer") before it
+    raises, and the tuner reports the failure as a status with compile_error_message's line.
+    Asked for (TRITON_DUMP_PTXAS_LOG), ptxas's log is still printed, after the compile. Swaps
+    sys.stdout, so only for compile workers and other single-purpose processes."""
+    kept = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(kept):
+            yield kept
+    finally:
+        if triton.knobs.nvidia.dump_ptxas_log:
+            print(kept.getvalue(), end="")
 
 
 def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool, Fp8Recipe | None]) -> CompileResult:

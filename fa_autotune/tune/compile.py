@@ -12,7 +12,8 @@ import time
 import torch
 
 from ..errors import ConfigError
-from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_variant
+from ..kernels.aot import HOPPER, CompileResult, KernelReport, compile_error_message, compile_variant, \
+    compiler_prints_kept
 from ..kernels.checks import check_config, check_fp8_scales
 from ..kernels.plans import bind, example
 from ..spec.config import KernelConfig
@@ -37,13 +38,13 @@ def _warm_jit(config: KernelConfig, problem: Problem, recipe: Fp8Recipe | None) 
             check_config(config, problem, x.q, x.k, x.v)
             if x.scales is not None:
                 check_fp8_scales(config, *x.scales[:5])  # descales and blocks (the sink tile's sources follow)
-        kernels = bind(config, problem, x)(warmup=True)
+        with compiler_prints_kept():  # a compile worker's own stdout
+            kernels = bind(config, problem, x)(warmup=True)
     except ConfigError as exc:
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     except Exception as exc:  # compiler failures are data for the tuner
-        lines = str(exc).strip().splitlines()
         status = "out_of_resources" if type(exc).__name__ == "OutOfResources" else "compile_error"
-        return CompileResult(config, status, time.perf_counter() - start, (), lines[-1] if lines else type(exc).__name__)
+        return CompileResult(config, status, time.perf_counter() - start, (), compile_error_message(exc))
     limit = getattr(torch.cuda.get_device_properties(x.q.device), "shared_memory_per_block_optin", 232448)
     reports = tuple(KernelReport(kernel.name, int(kernel.metadata.shared), "wgmma" in kernel.asm.get("ptx", ""),
                                  kernel.asm.get("ptx", "").count("\n")) for kernel in kernels)
