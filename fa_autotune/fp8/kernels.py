@@ -15,8 +15,9 @@ its own dtype and write it once as FP8:
 Per-block scaling (the default recipe) is one launch per tensor, ``_quantize_blocks``, on a
 persistent grid: each program loads the rotation matrix once and walks scaling blocks; a
 block of up to 32768 values (256 x 128) is read once, rotated, reduced to its maximum and
-cast from registers (larger blocks go in pieces read twice, the second time from L2). V's
-wgmma order is gathered on the load side, so every FP8 store is 16 bytes wide.
+cast from registers (larger blocks, and V's blocks at head dims 65-128, which it stores
+transposed, go in pieces read twice, the second time from L2). V's wgmma order is gathered
+on the load side, so every FP8 store is 16 bytes wide.
 
 The rotation is one ``tl.dot`` with M's entries ±1 (exact in fp16 and bf16) and float32
 accumulation, scaled by 1/sqrt(n) afterwards: the same values as the butterflies up to
@@ -299,14 +300,16 @@ class BlockLaunch(NamedTuple):
 def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False,
                  transposed: bool = False) -> BlockLaunch:
     """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
-    up to 256 x 128 is read from DRAM once and cast from registers. A rotated head padded to
+    up to 256 x 128 is read from DRAM once and cast from registers (but for the transposed
+    outputs below). A rotated head padded to
     256 takes the rotation in halves when they are given and its blocks hold at most 128
     rows (64 KB of shared memory for the matrix instead of 128, so two stages fit); other
     rotated tiles past D=128 take one stage, and V (not rotated, stored transposed) tiles of
     64 rows there, which ptxas fits without spilling. A ``transposed`` output (V, sequence
-    axis contiguous) padded to 128 goes in 64-row pieces on 4 warps too: the transpose of a
-    whole 128- or 256-row tile through shared memory was the quantizer's slow part, slower
-    than reading the block twice (benchmarks/results/2026-12-07-h100-fp8-v-transpose/)."""
+    axis contiguous) padded to 128 goes in 64-row pieces on 4 warps too: with whole 128- or
+    256-row tiles, V's kernel (their transpose through shared memory) took half the
+    quantizer's time, more than reading the block twice costs
+    (benchmarks/results/2026-12-07-h100-fp8-v-transpose/)."""
     halves = halves and rotate and dp == 256 and block * dp <= _TILE_VALUES
     rows = min(block, (_TILE_VALUES if rotate or dp <= 128 else _TILE_VALUES // 2) // dp)
     if transposed and dp == 128 and block > 64:

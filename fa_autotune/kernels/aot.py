@@ -255,30 +255,34 @@ def _mma_kinds(ptx: str) -> tuple[str, ...]:
 def compile_error_message(exc: BaseException) -> str:
     """One line for a failed compile: the innermost cause (Triton chains a CompilationError per
     inlined function) as `Type: message`, its last line not a source caret; for ptxas, its
-    first fatal or error line (the last is the repro command, which names a deleted file)."""
+    first error line that says why (its last line is the repro command)."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip() and set(line.strip()) != {"^"}]
     where = next((line for line in lines if line.startswith("at ") and line.endswith(":")), "")
-    ptxas = next((line for line in lines if re.match(r"ptxas (fatal|error)", line)), "")
+    reasons = [line for line in lines if re.match(r"ptxas\b.*\b(fatal|error)\s*:", line)]
+    ptxas = next((line for line in reasons if "assembly aborted" not in line), reasons[0] if reasons else "")
     text = ptxas or (lines[-1] if lines and lines[-1] != where else "")
     return " ".join(part for part in (type(exc).__name__, where, text) if part)
 
 
 @contextlib.contextmanager
 def compiler_prints_kept() -> Iterator[io.StringIO]:
-    """Keep what Triton prints while it compiles off stdout: on a failed ptxas run it prints
-    the kernel's whole PTX (thousands of lines, "please share the reproducer") before it
-    raises, and the tuner reports the failure as a status with compile_error_message's line.
-    Asked for (TRITON_DUMP_PTXAS_LOG), ptxas's log is still printed, after the compile. Swaps
-    sys.stdout, so only for compile workers and other single-purpose processes."""
+    """Hold what Triton prints while it compiles and drop it if the compile fails: on a
+    failed ptxas run it prints the kernel's whole PTX (thousands of lines, "please share the
+    reproducer") before it raises, and the tuner reports the failure as a status with
+    compile_error_message's line. A compile that succeeds prints what it printed (dumps a
+    user asked for), after it; a failed one too when TRITON_DUMP_PTXAS_LOG asks for ptxas's
+    output. Swaps sys.stdout, so only for compile workers and other single-purpose processes."""
     kept = io.StringIO()
     try:
         with contextlib.redirect_stdout(kept):
             yield kept
-    finally:
+    except BaseException:
         if triton.knobs.nvidia.dump_ptxas_log:
             print(kept.getvalue(), end="")
+        raise
+    print(kept.getvalue(), end="")
 
 
 def _compile_job(job: tuple[KernelConfig, Problem, tuple[int, int], bool, Fp8Recipe | None]) -> CompileResult:

@@ -391,7 +391,7 @@ def test_per_block_scaling_is_one_launch_per_tensor(monkeypatch):
 
 @pytest.mark.parametrize("block", [128, 256])
 @pytest.mark.parametrize("v_order", ["natural", "wgmma"])
-def test_transposed_v_at_d128_goes_in_64_row_pieces(v_order, block):
+def test_transposed_v_at_d128_goes_in_64_row_pieces(v_order, block, monkeypatch):
     """V's sequence-contiguous output at D=128 is written from 64-row pieces (the transpose
     of a whole 128- or 256-row tile was the slow part on an H100), each block's maximum
     taken over its pieces before any is cast: the same codes and descales as the eager
@@ -404,7 +404,16 @@ def test_transposed_v_at_d128_goes_in_64_row_pieces(v_order, block):
     q, k, v = make_qkv(1, 2, 2, 64, 400, 128)
     v[:, :, 3] *= 30  # one loud key: its block's descale differs from the others'
     args = dict(block_q=64, block_k=block, v_order=v_order)
-    _same_quantization(quantize_fp8(q, k, v, backend="triton", **args), quantize_fp8(q, k, v, backend="torch", **args))
+    launches, block_launch = [], kernels.block_launch
+
+    def spy(*a, **kw):
+        launches.append(block_launch(*a, **kw))
+        return launches[-1]
+
+    monkeypatch.setattr(kernels, "block_launch", spy)
+    fused = quantize_fp8(q, k, v, backend="triton", **args)
+    assert [launch.rows for launch in launches] == [64, block, 64]  # q, k whole; v in pieces
+    _same_quantization(fused, quantize_fp8(q, k, v, backend="torch", **args))
 
 
 @pytest.mark.parametrize("scaling", ["per_head", "per_block"])
