@@ -63,16 +63,25 @@ class SigintGuard:
     def __init__(self) -> None:
         self._hit = threading.Event()
         self._retry: threading.Timer | None = None
+        self._pending = False  # a retry scheduled that has not sent its signal yet
 
     def _handler(self, signum, frame) -> None:
         self._hit.set()
         if _inside(frame, DEFER_IN):
-            if self._retry is None or not self._retry.is_alive():  # one retry in flight at most
-                self._retry = threading.Timer(RETRY_S, signal.pthread_kill, (threading.main_thread().ident, signum))
+            if not self._pending:  # one retry in flight at most
+                self._pending = True
+                self._retry = threading.Timer(RETRY_S, self._resend, (signum,))
                 self._retry.daemon = True
                 self._retry.start()
             return
         raise KeyboardInterrupt
+
+    def _resend(self, signum: int) -> None:
+        """The retry: no longer pending before its signal is sent, so the handler that signal
+        runs schedules the next one (its timer thread may still be alive then: a check of
+        Timer.is_alive() there lost the retry now and then, and with it the Ctrl-C)."""
+        self._pending = False
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
     def check(self) -> None:
         if self._hit.is_set():
@@ -98,6 +107,7 @@ class SigintGuard:
                     self._retry.join()
                 signal.signal(signal.SIGINT, signal.default_int_handler)
             self._retry = None
+            self._pending = False
             self._hit.clear()  # a signal the run already answered (or ended under) is not raised later
 
 

@@ -104,3 +104,43 @@ def test_sigint_guard(case):
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:-1] == EXPECTED[case], (result.stdout, result.stderr)
+
+
+def test_a_retry_that_fired_schedules_the_next_even_while_its_thread_lives(monkeypatch):
+    """Inside database code each SIGINT the guard receives (the retry's own included) must
+    leave one retry pending until the code returns. The retry's signal is handled while its
+    timer thread may still be finishing: deciding by that thread's liveness dropped the next
+    retry now and then (a CI run lost one Ctrl-C in five), so the pending flag is cleared
+    before the signal is sent."""
+    import signal
+    import threading
+
+    from fa_autotune.processes import SigintGuard
+
+    timers, sent = [], []
+
+    class AliveTimer:  # a timer thread that has fired but not yet exited
+        def __init__(self, interval, function, args):
+            self.function, self.args, self.daemon = function, args, False
+            timers.append(self)
+
+        def start(self):
+            pass
+
+        def is_alive(self):
+            return True
+
+    monkeypatch.setattr(threading, "Timer", AliveTimer)
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, signum: sent.append(signum))
+    scope = {"__name__": "sqlalchemy.engine.fake", "sys": sys}
+    exec("def frame():\n    return sys._getframe()\n", scope)
+    inside = scope["frame"]()
+    guard = SigintGuard()
+    guard._handler(signal.SIGINT, inside)  # Ctrl-C inside a fetch: deferred, one retry
+    guard._handler(signal.SIGINT, inside)  # another before it fires: still one
+    assert len(timers) == 1 and guard._hit.is_set()
+    timers[0].function(*timers[0].args)  # the retry fires ...
+    guard._handler(signal.SIGINT, inside)  # ... and its signal lands while the fetch goes on
+    assert sent == [signal.SIGINT] and len(timers) == 2
+    with pytest.raises(KeyboardInterrupt):
+        guard._handler(signal.SIGINT, sys._getframe())  # out of the database code: raised
