@@ -301,9 +301,9 @@ def block_launch(block: int, dp: int, rotate: bool = True, halves: bool = False,
                  transposed: bool = False) -> BlockLaunch:
     """Tiles of at most 32768 values (64 float32 registers a thread at 16 warps), so a block
     up to 256 x 128 is read from DRAM once and cast from registers (but for the transposed
-    outputs below). A rotated head padded to
-    256 takes the rotation in halves when they are given and its blocks hold at most 128
-    rows (64 KB of shared memory for the matrix instead of 128, so two stages fit); other
+    outputs below). A rotated head padded to 256 takes the rotation in halves when they are
+    given and its blocks hold at most 128 rows (64 KB of shared memory for the matrix
+    instead of 128, so two stages fit); other
     rotated tiles past D=128 take one stage, and V (not rotated, stored transposed) tiles of
     64 rows there, which ptxas fits without spilling. A ``transposed`` output (V, sequence
     axis contiguous) padded to 128 goes in 64-row pieces on 4 warps too: with whole 128- or
