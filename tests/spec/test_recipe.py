@@ -160,9 +160,10 @@ def test_fp8_candidates_of_the_space_keep_their_keys():
 
 
 def test_shipped_files_load_with_the_same_identities(tmp_path):
-    """Every entry of tuning_db/ loads unchanged: its config's key and name are the ones
-    computed before the split, FP8 entries with their recipes, and writing the loaded
-    records back gives the file's bytes."""
+    """Every entry of tuning_db/ loads unchanged: an entry shipped before the split still
+    has the key computed then for its name (entries re-tuned since, a different name in the
+    same slot, are new configs: only FP8 ones so far), FP8 entries load with their recipes,
+    and writing the loaded records back gives the file's bytes."""
     expected = {(r["file"], r["problem"], r["slot"]): (r["key"], r["name"]) for r in BEFORE["shipped"]}
     seen = {}
     for path in sorted(data_dir("tuning_db").glob("*.json")):
@@ -175,6 +176,11 @@ def test_shipped_files_load_with_the_same_identities(tmp_path):
         for family in files.FAMILIES:
             if any(w.problem.family == family for w in tuned.winners):
                 assert files.write(tuned, tmp_path, family=family).read_bytes() == path.read_bytes()
-    assert seen == expected
-    recipes = {w.recipe for t in map(files.load, data_dir("tuning_db").glob("*.json")) for w in t.winners}
-    assert {Fp8Recipe("per_head"), Fp8Recipe("per_tensor"), Fp8Recipe()} <= recipes
+    kept = {slot: ids for slot, ids in expected.items() if slot in seen and seen[slot][1] == ids[1]}
+    assert {slot: seen[slot] for slot in kept} == kept
+    retuned = set(expected) - set(kept)  # the H200 FP8 entries, re-tuned on 2026-12-07
+    assert len(kept) >= 50 and all("float8" in problem for _, problem, _ in retuned), sorted(retuned)
+    recipes = {point.recipe for t in map(files.load, data_dir("tuning_db").glob("*.json")) for w in t.winners
+               for point in (w, *t.front_of(w.problem))}
+    assert Fp8Recipe() in recipes and {"per_tensor", "per_block"} <= {r.scaling for r in recipes if r}
+    assert {True, False} <= {r.sink_tile for r in recipes if r}
