@@ -23,7 +23,9 @@ Past a padded head dim (D_REST > 0, kernels.fwd.d_rest: D=192 pads to 256 with D
 the zero columns are not multiplied: S and dP reduce over HEAD_DIM_PAD / 2 + D_REST columns
 (two products each), and the second consumer's dV, dK and dQ cover its D_REST real columns
 (when D_REST is at least a dQ chunk) instead of HEAD_DIM_PAD / 2; its dK and dV leave through
-the same half-width TMA boxes, whose columns past D are clipped.
+the same half-width TMA boxes, whose columns past D are clipped. dQ's chunks are then dealt
+unevenly (_dq_chunks: at D=192 the first consumer one, the second two), so that both do about
+the same work a step.
 """
 from __future__ import annotations
 
@@ -81,6 +83,22 @@ def _own_cols(wg: int, head_dim_pad: int, d_rest: int) -> int:
     return d_rest if wg == 1 and d_rest >= DQ_COLS.value else head_dim_pad // 2
 
 
+@gluon.constexpr_function
+def _dq_chunks(wg: int, head_dim_pad: int, d_rest: int) -> tuple[int, int]:
+    """(first column, 64-column chunk count) of the dQ = dS K columns consumer wg computes:
+    its own columns where both consumers own half, else (past a padded head dim, D=192: dK
+    and dV over 128 columns against 64) dQ's chunks dealt to even the two out, the larger
+    share to the second: 1 + 2 chunks, 320 against 256 columns of the three products a step
+    (384 against 192 with its own columns)."""
+    half = head_dim_pad // 2
+    rest = _own_cols(1, head_dim_pad, d_rest)
+    if rest == half:
+        return wg * half, half // DQ_COLS.value
+    total = (half + rest) // DQ_COLS.value
+    second = (total + 1) // 2
+    return (0, total - second) if wg == 0 else ((total - second) * DQ_COLS.value, second)
+
+
 @gluon.jit
 def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_ready, q_empty, do_ready, do_empty,
                p_full, ds_full, pds_free, dq_desc, dk, dv, Lse, Delta, b, h, row0, c, q0, k0, N_Q, N_K,
@@ -88,10 +106,12 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HEAD_DIM_PAD: gl.constexpr,
                IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, D_REST: gl.constexpr):
     """One query tile q0 (step c) for consumer WG: its key-column half of S, dP, P and dS,
-    then its head-dim half of dV, dK and dQ over the whole key block."""
+    then its head-dim half of dV and dK and its dQ chunks (_dq_chunks) over the whole key block."""
     KEYS: gl.constexpr = BLOCK_N // 2
     HALF: gl.constexpr = HEAD_DIM_PAD // 2
     COLS: gl.constexpr = _own_cols(WG, HEAD_DIM_PAD, D_REST)
+    DQ0: gl.constexpr = _dq_chunks(WG, HEAD_DIM_PAD, D_REST)[0]
+    DQ_N: gl.constexpr = _dq_chunks(WG, HEAD_DIM_PAD, D_REST)[1]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, KEYS, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -139,16 +159,16 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
     dv_tok = warpgroup_mma(p_buf.permute((1, 0)), do.slice(WG * HALF, COLS, dim=1), dv, is_async=True)
     mbarrier.wait(ds_full, c & 1)
     dk_tok = warpgroup_mma(ds_buf.permute((1, 0)), q.slice(WG * HALF, COLS, dim=1), dk, is_async=True)
-    dq_tok = warpgroup_mma(ds_buf, k.slice(WG * HALF, DQ_COLS, dim=1),
+    dq_tok = warpgroup_mma(ds_buf, k.slice(DQ0, DQ_COLS, dim=1),
                            gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout), use_acc=False, is_async=True)
     dv = warpgroup_mma_wait(num_outstanding=2, deps=(dv_tok, ))
     mbarrier.arrive(do_empty)  # dO read by this consumer's dP and dV products
     dk = warpgroup_mma_wait(num_outstanding=1, deps=(dk_tok, ))
     mbarrier.arrive(q_empty.index(s))  # Q read by its S and dK products
-    for j in gl.static_range(COLS // DQ_COLS):
+    for j in gl.static_range(DQ_N):
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ))
-        if j + 1 < COLS // DQ_COLS:  # the next chunk's product runs while this one is added
-            dq_tok = warpgroup_mma(ds_buf, k.slice(WG * HALF + (j + 1) * DQ_COLS, DQ_COLS, dim=1),
+        if j + 1 < DQ_N:  # the next chunk's product runs while this one is added
+            dq_tok = warpgroup_mma(ds_buf, k.slice(DQ0 + (j + 1) * DQ_COLS, DQ_COLS, dim=1),
                                    gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout), use_acc=False,
                                    is_async=True)
         else:
@@ -156,7 +176,7 @@ def _wide_step(k_smem, v_smem, q_bufs, do_smem, p_smem, ds_smem, dq_smem, q_read
         tma.store_wait(0)  # the last reduce has read the staging buffer
         dq_buf.store(dq * sm_scale)
         fence_async_shared()
-        async_reduce_add(dq_desc, [b, h, q0, WG * HALF + j * DQ_COLS], tma_view(dq_buf, dq_desc))
+        async_reduce_add(dq_desc, [b, h, q0, DQ0 + j * DQ_COLS], tma_view(dq_buf, dq_desc))
     return dk, dv
 
 

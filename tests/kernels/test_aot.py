@@ -601,6 +601,27 @@ def test_wide_gluon_backward_multiplies_only_the_real_head_dim_columns():
     assert kernels[0].stack_bytes == 0 and kernels[0].step_loop_local_memory == 0
 
 
+
+def test_wide_gluon_backward_evens_out_its_consumers_at_d192():
+    """At D=192 the wide backward's second consumer owns 64 real columns of dK and dV
+    against the first's 128; dQ's three 64-column chunks are dealt 1 + 2 so that the two
+    consumers' step loops do about the same tensor-core work (the N widths of their HGMMA:
+    2048 against 1792 a step, where each consumer's own dQ columns gave 2304 against 1536).
+    At D=256 both own 128 columns, and their loops match."""
+    from fa_autotune.spec.defaults import GLUON_WIDE_BACKWARD
+
+    def step_loop_widths(head_dim: int) -> list[int]:
+        result = compile_many([GLUON_WIDE_BACKWARD], Problem(2, 16, 16, 2048, 2048, head_dim, "bfloat16",
+                                                              causal=True, kind="bwd"), jobs=1, sass=True)[0]
+        sass = [k for k in result.kernels if k.kernel.endswith("_dkdv_wide")][0].sass
+        lines = [(int(a, 16), t) for a, t in re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+        return sorted(sum(int(n) for a, t in lines if lo <= a <= hi for n in re.findall(r"HGMMA\.64x(\d+)x16", t))
+                      for lo, hi, ops in sass_loops(sass, innermost=True) if ops["HGMMA"])
+
+    d192, d256 = step_loop_widths(192), step_loop_widths(256)
+    assert len(d192) == 4 and d192[-1] / d192[0] <= 1.2, d192  # masked and unmasked steps, two consumers
+    assert sum(d192) * 256 == sum(d256) * 192 and len(set(d256)) == 1, (d192, d256)
+
 SINK_AOT = '''
 import json, torch, triton
 from triton.backends.compiler import GPUTarget

@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -146,6 +147,20 @@ def test_refuses_unvalidated_values():
 def test_template_hash_is_stable():
     assert paths.template_hash() == paths.template_hash()
     assert len(paths.template_hash()) == 16
+
+
+def test_template_hash_covers_the_device_code_the_templates_import():
+    """A tune reuses measurements of the same template_hash, so the hash must change with any
+    kernel code a trial runs: the Gluon functions the templates import from the package (the
+    wide backward's consumers live in kernels/gluon_bwd_wide.py) as well as the templates."""
+    covered = {p.resolve() for p in paths.template_sources()}
+    package = Path(paths.__file__).parent
+    imported = set()
+    for template in paths.data_dir("templates").glob("*.jinja"):
+        for module in re.findall(r"^from fa_autotune\.([\w.]+) import", template.read_text(), re.M):
+            imported.add((package / (module.replace(".", "/") + ".py")).resolve())
+    assert imported and imported <= covered, sorted(map(str, imported - covered))
+    assert all(p.is_file() for p in covered)
 
 
 def test_tidy_normalises_blank_lines():
