@@ -34,22 +34,19 @@ def data_dir(name: str) -> Path:
     )
 
 
-# Device code outside the templates: the Gluon functions the templates import, and the FP8
-# quantizer's kernels that make an FP8 trial's inputs.
-_KERNEL_MODULES = ("kernels/gluon_parts.py", "kernels/gluon_tma.py", "kernels/gluon_bwd_wide.py", "fp8/kernels.py")
-
-
 def template_sources() -> list[Path]:
-    """The files whose bytes template_hash covers."""
+    """The files whose bytes template_hash covers: the templates, the Gluon device code they
+    import (kernels/gluon_*.py), the FP8 quantizer that makes an FP8 trial's inputs (fp8/) and
+    the trial inputs' definition."""
     package = Path(__file__).parent
-    return [*sorted(data_dir("templates").glob("*.jinja")), *(package / m for m in _KERNEL_MODULES),
-            package / "tune" / "inputs.py"]
+    return [*sorted(data_dir("templates").glob("*.jinja")), *sorted((package / "kernels").glob("gluon_*.py")),
+            *sorted((package / "fp8").glob("*.py")), package / "tune" / "inputs.py"]
 
 
 @lru_cache(maxsize=1)
 def template_hash() -> str:
     """Hash over every template file, the device code the templates import, the FP8
-    quantizer's kernels and the trial inputs' definition: identifies the kernel code a
+    quantizer and the trial inputs' definition: identifies the kernel code a
     measurement ran and the data its error was judged on (a tune reuses only measurements of
     the same hash)."""
     digest = hashlib.sha256()

@@ -21,7 +21,7 @@ staging 32 KB: 208 KB of the 227 KB.
 
 Past a padded head dim (D_REST > 0, kernels.fwd.d_rest: D=192 pads to 256 with D_REST 64)
 the zero columns are not multiplied: S and dP reduce over HEAD_DIM_PAD / 2 + D_REST columns
-(two products each), and the second consumer's dV, dK and dQ cover its D_REST real columns
+(two products each), and the second consumer's dV and dK cover its D_REST real columns
 (when D_REST is at least a dQ chunk) instead of HEAD_DIM_PAD / 2; its dK and dV leave through
 the same half-width TMA boxes, whose columns past D are clipped. dQ's chunks are then dealt
 unevenly (_dq_chunks: at D=192 the first consumer one, the second two), so that both do about
@@ -78,7 +78,7 @@ def wide_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_bufs, do_sm
 
 @gluon.constexpr_function
 def _own_cols(wg: int, head_dim_pad: int, d_rest: int) -> int:
-    """The head-dim columns consumer wg accumulates dK, dV and dQ over: its half, or for the
+    """The head-dim columns consumer wg accumulates dK and dV over: its half, or for the
     second consumer past a padded head dim its d_rest real ones (when a whole dQ chunk)."""
     return d_rest if wg == 1 and d_rest >= DQ_COLS.value else head_dim_pad // 2
 

@@ -34,7 +34,7 @@ GLUON_WIDE = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BL
 # the overlap), a persistent grid, dynamic on causal ones. On an H100 at B 2, H 16, N 8192,
 # D 128 it ran 918 TFLOPS without a mask and 802 causal: 1.06x the warp-specialized Triton
 # 128 x 256 kernel without a mask (which cannot run causal) and 1.29x the Triton kernel the
-# H200 file dispatched causal, on the same inputs; past D=128 128-key
+# H200 file dispatched causal before its 2026-12-07 re-tune, on the same inputs; past D=128 128-key
 # steps in turn with one exp2 in 8 on the FMA units ran 1082 at D=256, 2.2x the Triton
 # default before it (benchmarks/results/2026-12-07-h100-fp8-gluon-wide-steps/).
 GLUON_FP8 = GLUON_DEFAULT.with_(BLOCK_N=256, overlap=False, pingpong=True)

@@ -601,7 +601,6 @@ def test_wide_gluon_backward_multiplies_only_the_real_head_dim_columns():
     assert kernels[0].stack_bytes == 0 and kernels[0].step_loop_local_memory == 0
 
 
-
 def test_wide_gluon_backward_evens_out_its_consumers_at_d192():
     """At D=192 the wide backward's second consumer owns 64 real columns of dK and dV
     against the first's 128; dQ's three 64-column chunks are dealt 1 + 2 so that the two
@@ -621,6 +620,24 @@ def test_wide_gluon_backward_evens_out_its_consumers_at_d192():
     d192, d256 = step_loop_widths(192), step_loop_widths(256)
     assert len(d192) == 4 and d192[-1] / d192[0] <= 1.2, d192  # masked and unmasked steps, two consumers
     assert sum(d192) * 256 == sum(d256) * 192 and len(set(d256)) == 1, (d192, d256)
+
+
+def test_wide_gluon_backward_dq_chunks_cover_every_real_column_once():
+    """Every head dim the wide backward runs (129-256, padded to 256): the two consumers' dQ
+    chunks (kernels.gluon_bwd_wide._dq_chunks) tile the columns from 0 to the last real one's
+    chunk without overlap, and each consumer takes at least one (its last chunk releases P and
+    dS for the next step: none would deadlock it)."""
+    from fa_autotune.kernels.fwd import d_rest
+    from fa_autotune.kernels.gluon_bwd_wide import DQ_COLS, _dq_chunks
+
+    step = DQ_COLS.value
+    for head_dim in range(129, 257):
+        rest = d_rest(head_dim, 256)
+        (first0, n0), (first1, n1) = (_dq_chunks.fn(wg, 256, rest) for wg in (0, 1))
+        columns = [first0 + j * step for j in range(n0)] + [first1 + j * step for j in range(n1)]
+        assert n0 >= 1 and n1 >= 1 and columns == list(range(0, len(columns) * step, step)), (head_dim, columns)
+        assert head_dim <= len(columns) * step <= 256, (head_dim, columns)
+
 
 SINK_AOT = '''
 import json, torch, triton
