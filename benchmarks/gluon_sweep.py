@@ -1,8 +1,8 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default]
-        [--problems mixed|llm|causal|d64|d64_all|d128|short_causal|wide|fp8] [--quick]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default|wide_steps]
+        [--problems mixed|llm|causal|d64|d64_all|d128|short_causal|wide|d192|fp8] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
 and variant), and prints the markdown.
@@ -208,6 +208,15 @@ VARIANT_SETS = {
             (" pp", dict(pingpong=True)), (" plain pp", dict(overlap=False, pingpong=True)),
             (" 1loop", dict(one_loop=True)), (" plain 1loop", dict(overlap=False, one_loop=True)))},
     },
+    # 128-key steps at D=192 over unpadded column chunks (kernels.fwd.wide_steps) against the
+    # 64-key padded default: benchmarks/results/2026-12-07-h200-fwd-d192-wide-steps/
+    "wide_steps": {
+        "wide n64 lazy8": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, rescale_threshold=8),
+        **{f"wide n128{name}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, **knobs)
+           for name, knobs in (("", {}), (" lazy8", dict(rescale_threshold=8)), (" pp", dict(pingpong=True)),
+                               (" pp lazy8", dict(pingpong=True, rescale_threshold=8)),
+                               (" 1loop lazy8", dict(one_loop=True, rescale_threshold=8)))},
+    },
     # the same on the Gluon default (what an untuned problem, e.g. any GQA one, runs)
     "lazy_default": {
         "default": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1),
@@ -321,6 +330,13 @@ def wide_problems(quick: bool) -> list[Problem]:
     return [p for dtype in ("bfloat16", "float16")[:1 if quick else 2] for p in (
         Problem(4, 16, 16, 4096, 4096, 192, dtype, True), Problem(2, 16, 16, 8192, 8192, 192, dtype),
         Problem(2, 16, 16, 8192, 8192, 256, dtype), Problem(4, 8, 8, 4096, 4096, 256, dtype, True))]
+
+
+def d192_problems(quick: bool) -> list[Problem]:
+    """Head dim 192: FlashAttention-4's anchor rows, their fp16 twin, no mask, GQA causal."""
+    out = [Problem(4, 16, 16, 4096, 4096, 192, "bfloat16", True), Problem(2, 16, 16, 8192, 8192, 192, "bfloat16"),
+           Problem(2, 32, 8, 4096, 4096, 192, "bfloat16", True)]
+    return out if quick else out + [Problem(4, 16, 16, 4096, 4096, 192, "float16", True)]
 
 
 def problems(quick: bool) -> list[Problem]:
@@ -469,7 +485,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="bf16 only")
     parser.add_argument("--set", choices=sorted(VARIANT_SETS), default="schedule", help="which variants")
     parser.add_argument("--fa4", action="store_true", help="FlashAttention-4 beside cuDNN (ratios to both)")
-    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal", "wide", "fp8"), default="mixed",
+    parser.add_argument("--problems", choices=("mixed", "llm", "causal", "d64", "d64_all", "d128", "short_causal", "wide", "d192", "fp8"), default="mixed",
                         help="mixed: llm-prefill's shapes and one GQA; llm: all of llm-prefill; causal: the causal "
                              "ones and two GQA; d64: llm-prefill's causal D=64 ones; d64_all: its D=64 ones; short_causal: its N=1024 "
                              "causal ones")
@@ -479,7 +495,7 @@ def main() -> None:
     results = []
     chosen = {"mixed": problems, "llm": llm_problems, "causal": causal_problems, "d64": d64_problems,
               "d64_all": d64_all_problems, "d128": d128_problems, "short_causal": short_causal_problems,
-              "wide": wide_problems, "fp8": fp8_problems}[args.problems]
+              "wide": wide_problems, "d192": d192_problems, "fp8": fp8_problems}[args.problems]
     for problem in chosen(args.quick):
         results.append(measure(problem, VARIANT_SETS[args.set], args.rounds, args.rep_ms, args.fa4))
         print(problem.key, {k: round(r.get("tflops", 0)) for k, r in results[-1]["rows"].items()}, flush=True)

@@ -10,6 +10,7 @@ import torch
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
+from .fwd import wide_steps
 
 _TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
 # Lazy rescaling lets P reach 2**rescale_threshold before P is cast to V's dtype: the largest
@@ -58,6 +59,12 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
         if config.BLOCK_N == 256 and not problem.is_fp8:
             return ConfigError("BLOCK_N", f"language='gluon' takes 256-key steps with FP8 inputs only (P in 8 bits "
                                f"beside the 64 x 256 score tile); {problem.dtype} needs BLOCK_N 64 or 128")
+        if not problem.is_fp8 and wide_steps(config, problem.head_dim, 2):
+            if config.overlap or config.half_step:
+                name = "overlap" if config.overlap else "half_step"
+                return ConfigError(name, f"language='gluon' takes 128-key steps at head dim {problem.head_dim} in "
+                                   f"turn only (two 64-key score halves beside a 192-column accumulator): use "
+                                   f"{name}=false or BLOCK_N=64")
     elif config.access != "tensor_desc":
         for name, span in zip("qkv", layout.spans):
             if span > MAX_OFFSET:

@@ -76,6 +76,20 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return ForwardPlan(calls, config.access == "tensor_desc")
 
 
+WIDE_COLS = 64  # templates/attn_fwd_gluon.py.jinja's WIDE chunks: columns, and keys per K/V half
+WIDE_KEYS = 64
+
+
+def wide_steps(config: KernelConfig, head_dim: int, element_size: int) -> bool:
+    """Whether the Gluon forward runs ``config`` with its WIDE layout: 128-key steps at head
+    dims 129-192 in 16 bits, Q, K, V and O staged unpadded as three 64-column chunks and V in
+    a ring of 64-key halves (templates/attn_fwd_gluon.py.jinja, _wide_attend). Padded to 256
+    columns, such steps would need 328 KB of shared memory; chunked they take 216 KB at two
+    stages, so one softmax round covers 128 keys where the padded kernel's covers 64."""
+    return (config.language == "gluon" and config.loop_order == "q_outer" and config.BLOCK_N == 128
+            and element_size == 2 and 128 < head_dim <= 192)
+
+
 def d_rest(head_dim: int, head_dim_pad: int, element_size: int = 2) -> int:
     """The Gluon forward's split of a padded head dim: the width of a second part from column
     head_dim_pad / 2 on that covers the real columns (a power of two, at least one 16-wide
@@ -194,15 +208,21 @@ def _gluon(config, module: KernelModule, q, scalars, flags, options, scales, hea
         scalars = dict(scalars, N_K=max(scalars["N_K"] - config.BLOCK_N, 0),
                        causal_offset=scalars["causal_offset"] - config.BLOCK_N)
         flags["WRITE_LSE"] = True
+    wide = wide_steps(config, q.shape[-1], q.element_size())
+    flags["WIDE"] = wide
     tiles = triton.cdiv(scalars["N_Q"], config.BLOCK_M * config.consumers) * scalars["BH"]
     grid = (min(tiles, _sm_count(q.device) * config.persistent),) if config.persistent else (tiles,)
     scalars["SECTION"] = config.section or l2_section(q.device, scalars["BH"], scalars["GROUP"], scalars["N_K"],
                                                       head_dim_pad, q.element_size(), config.dynamic)
     main = Launch(module.KERNELS["main"], grid, _GLUON + (("TileCounter",) if config.dynamic else ()) + _FP8_SCALES,
                   scalars, flags, {"num_warps": config.num_warps})
-    descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
-                                                             "v": config.BLOCK_N, "o": config.BLOCK_M},
-                                     transposed=frozenset({"v"}) if fp8 else frozenset())
+    if wide:  # column chunks of WIDE_COLS, K and V in 64-key halves
+        descriptors = _gluon_descriptors(q.dtype, WIDE_COLS, {"q": config.BLOCK_M, "k": WIDE_KEYS, "v": WIDE_KEYS,
+                                                              "o": config.BLOCK_M})
+    else:
+        descriptors = _gluon_descriptors(q.dtype, head_dim_pad, {"q": config.BLOCK_M, "k": config.BLOCK_N,
+                                                                 "v": config.BLOCK_N, "o": config.BLOCK_M},
+                                         transposed=frozenset({"v"}) if fp8 else frozenset())
     if sink:
         rows = scalars["N_Q"]
 

@@ -32,7 +32,7 @@ from ..spec.target import interpreter_active
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
 FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE",
-         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "SINK_M", "ATOMIC_DKV")
+         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "SINK_M", "ATOMIC_DKV", "WIDE")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
 _NO_SCALES = (None, None, None)
 _GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
@@ -134,7 +134,8 @@ def _tile_counter(config: KernelConfig, device: torch.device) -> tuple:
 def _gluon_descriptors(dtype: torch.dtype, head_dim_pad: int, rows: dict[str, int],
                        transposed: frozenset[str] = frozenset()) -> Callable[..., tuple]:
     """A function of the named tensors giving their rank-4 Gluon TMA descriptors (boxes of
-    ``rows[name]`` rows by head_dim_pad, the tensors' own strides), in ``rows``' order; a
+    ``rows[name]`` rows by head_dim_pad columns, the tensors' own strides; a kernel that
+    stages column chunks passes the chunk's width as head_dim_pad), in ``rows``' order; a
     name in ``transposed`` is read as (head dim, rows) boxes of its (B, H, D, N) view (FP8's
     sequence-contiguous V). Each box's layout is of its tensor's dtype (FP8 inputs write a
     16-bit output), ``dtype``'s prepared ahead."""

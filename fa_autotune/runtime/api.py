@@ -723,7 +723,7 @@ def attention_varlen(
         chosen = None
         if dispatched.language == "gluon":
             equal = q.shape[0] == batch * max_seqlen_q and k.shape[0] == batch * max_seqlen_k
-            candidate = varlen_grid(dispatched, causal, equal, batch)
+            candidate = varlen_fit(varlen_grid(dispatched, causal, equal, batch), dense)
             if why_not(candidate, dense, Layout.of(dense, *views)) is None and tma_output_reason(out_view) is None:
                 chosen = candidate
         if chosen is None:
@@ -765,6 +765,22 @@ def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool, bat
     if batch < VARLEN_DYNAMIC_BELOW:
         return dispatched.with_(persistent=1, dynamic=True)
     return dispatched.with_(persistent=max(dispatched.persistent, 1), dynamic=False)
+
+
+def varlen_fit(config: KernelConfig, problem: Problem) -> KernelConfig:
+    """A dispatched Gluon config as the varlen kernel holds it: that kernel stages tiles padded
+    to a power of two, so where the dense kernel takes 128-key steps over unpadded column
+    chunks (head dims 129-192, kernels.fwd.wide_steps) it takes 64-key ones, and where a
+    persistent grid's second Q buffer does not fit beside the K/V ring (past D=128) it runs a
+    program per tile, which does."""
+    from ..kernels.fwd import wide_steps
+    from ..kernels.resources import fits
+
+    if wide_steps(config, problem.head_dim, 2):
+        config = config.with_(BLOCK_N=64)
+    if config.persistent and not fits(config, problem, (9, 0)):
+        config = config.with_(persistent=0, dynamic=False, section=0)
+    return config
 
 
 def _varlen_result(out, lse, return_softmax_lse: bool, return_attn_probs: bool):

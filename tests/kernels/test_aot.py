@@ -322,6 +322,33 @@ def test_wide_gluon_kernels_fit_without_spills(head_dim):
     assert results[2].status == "out_of_resources"
 
 
+@pytest.mark.parametrize("head_dim", [192, 160])
+def test_wide_steps_fit_unpadded_and_take_128_keys_a_step(head_dim):
+    """At head dims 129-192 a 128-key Gluon step (kernels.fwd.wide_steps) stages Q, K, V and
+    O unpadded, as three 64-column chunks: two 64 x 192 Q tiles, two 128-key K stages and three
+    64-key V halves (216 KB) fit where padded tiles would need 328 KB. Each step loop issues
+    48 HGMMA 64x64x16 (S over two key halves and three column chunks, P V over the same), the
+    work of two padded 64-key steps without their zero columns, with nothing spilled; the
+    estimate the sampler prunes by matches the compiler's figure."""
+    from fa_autotune.kernels.resources import SLACK, shared_bytes
+    from fa_autotune.spec.defaults import GLUON_WIDE
+
+    problem = Problem(2, 16, 4, 4096, 4096, head_dim, "bfloat16", causal=True)
+    plain = GLUON_WIDE.with_(BLOCK_N=128, overlap=False)
+    results = compile_many([plain, plain.with_(pingpong=True)], problem, jobs=2, sass=True)
+    for config, result in zip((plain, plain.with_(pingpong=True)), results):
+        assert result.status == "ok", result.error
+        (kernel,) = result.kernels
+        assert kernel.mma == ("m64n64k16.f32.bf16.bf16",) and f"inc {config.consumer_regs}" in kernel.setmaxnreg
+        assert dict(kernel.instructions)["cp.async.bulk.tensor"] >= 12  # chunk by chunk
+        need = (2 * 64 + 2 * 128 + 3 * 64) * 192 * 2
+        assert need == shared_bytes(config, problem, (9, 0)) <= kernel.shared_bytes <= need + SLACK
+        steps = [ops["HGMMA"] for _, _, ops in sass_loops(kernel.sass, innermost=True) if ops["HGMMA"]]
+        assert steps and set(steps) == {48}, steps
+        assert set(re.findall(r"HGMMA\.64x(\d+)x16", kernel.sass)) == {"64"}
+        assert kernel.step_loop_local_memory == 0
+
+
 @pytest.mark.parametrize("head_dim, pad, config", [(192, 256, "wide"), (96, 128, "default")])
 def test_gluon_products_read_only_the_real_head_dim_columns(head_dim, pad, config):
     """Past a padded head dim (fwd.d_rest) the Gluon forward's Q K^T runs over the first

@@ -151,11 +151,34 @@ WIDE_SHAPES = {
 }
 
 
+# 128-key steps at head dims 129-192 (kernels.fwd.wide_steps): unpadded column chunks, V in a
+# ring of 64-key halves, steps in turn (with and without turns, lazy rescaling, one loop, one stage)
+WIDE_STEP_KNOBS = {
+    "plain": dict(overlap=False),
+    "plain-pingpong-lazy8": dict(overlap=False, pingpong=True, rescale_threshold=8),
+    "plain-one-loop-lazy8": dict(overlap=False, one_loop=True, rescale_threshold=8),
+    "plain-s1": dict(overlap=False, num_stages=1),
+    "1c-plain-masked": dict(consumers=1, overlap=False, causal_mode="masked"),
+}
+WIDE_STEP_SHAPES = {
+    "causal-gqa-1000-d192": (2, 8, 2, 1000, 1000, 192, True, "top_left"),
+    "full-2049-d192": (2, 4, 4, 2049, 2049, 192, False, "top_left"),
+    "causal-br-q300-k2000-d160": (1, 8, 8, 300, 2000, 160, True, "bottom_right"),
+    "causal-br-q50-k21-d192-emptyrows": (2, 4, 4, 50, 21, 192, True, "bottom_right"),
+    "full-q1-k3000-d136-mqa": (3, 8, 1, 1, 3000, 136, False, "top_left"),
+}
+
+
+WIDE_CASES = {f"n{n}-{knob}-{shape}": (knobs[knob], shapes[shape])
+              for n, knobs, shapes in ((64, WIDE_KNOBS, WIDE_SHAPES), (128, WIDE_STEP_KNOBS, WIDE_STEP_SHAPES))
+              for knob in knobs for shape in shapes}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("shape", list(WIDE_SHAPES))
-@pytest.mark.parametrize("knob", list(WIDE_KNOBS))
-def test_wide_head_dims(knob, shape, dtype):
-    check_against_reference(WIDE_SHAPES[shape], WIDE_KNOBS[knob], dtype)
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_wide_head_dims(case, dtype):
+    knobs, shape = WIDE_CASES[case]
+    check_against_reference(shape, knobs, dtype)
 
 
 @pytest.mark.parametrize("d", [192, 256])

@@ -82,6 +82,22 @@ def test_gluon_256_key_steps_are_fp8_only():
         wide.with_(loop_order="backward")
 
 
+def test_gluon_128_key_steps_at_head_dim_192_run_in_turn_only():
+    """At head dims 129-192 in 16 bits a 128-key Gluon step holds two 64-key score halves
+    beside a 192-column accumulator (kernels.fwd.wide_steps): the intra-warpgroup overlap and
+    half steps are refused by name; 64-key steps, FP8 and D=128 keep them."""
+    d192 = Problem(2, 8, 8, 1024, 1024, 192, "bfloat16", causal=True)
+    plain = GLUON.with_(BLOCK_N=128, overlap=False)
+    assert why_not(plain, d192, ALIGNED) is None and why_not(plain.with_(pingpong=True), d192, ALIGNED) is None
+    error = why_not(GLUON.with_(BLOCK_N=128, overlap=True), d192, ALIGNED)
+    assert error.parameter == "overlap" and "head dim 192" in str(error) and "BLOCK_N=64" in str(error)
+    assert why_not(GLUON.with_(BLOCK_N=128, overlap=False, half_step=True), d192, ALIGNED).parameter == "half_step"
+    assert why_not(GLUON.with_(BLOCK_N=64, overlap=True), d192, ALIGNED) is None
+    assert why_not(GLUON.with_(BLOCK_N=128, overlap=True), Problem(2, 8, 8, 1024, 1024, 128, "bfloat16"),
+                   ALIGNED) is None
+    assert why_not(GLUON.with_(BLOCK_N=128, overlap=True), d192.with_dtype("float8_e4m3fn"), ALIGNED) is None
+
+
 def test_where_nothing_runs_the_last_defaults_reason_is_raised():
     """A head too long for 32-bit offsets and no TMA: pointer kernels cannot address it."""
     far = Layout("cuda", HOPPER, (None, "'tensor_desc' needs q's head dim contiguous (stride 1)", None),

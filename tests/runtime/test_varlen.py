@@ -201,11 +201,13 @@ def test_bad_config_names_the_parameter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_mixed_lengths(dtype, causal):
-    """Realistic sizes on the GPU, through the dispatcher (its Hopper default is a Gluon
-    kernel, whose tiles the varlen path turns into a Q-outer Triton one)."""
+@pytest.mark.parametrize("head_dim", [128, 192])
+def test_gpu_mixed_lengths(dtype, causal, head_dim):
+    """Realistic sizes on the GPU, through the dispatcher (on Hopper a Gluon config, whose
+    own varlen kernel runs where it fits: varlen_fit; elsewhere a Q-outer Triton one)."""
     lens_q, lens_k = [1, 777, 2048, 0, 1500, 64], [300, 777, 2048, 10, 3000, 64]
-    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=128, dtype=dtype, device="cuda")
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, heads_q=16, heads_kv=4, head_dim=head_dim, dtype=dtype,
+                                 device="cuda")
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                             return_softmax_lse=True)
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
@@ -224,6 +226,28 @@ def check_named_config(config, lens_q, lens_k, causal, heads_q=16, heads_kv=4, h
     out, lse = fa_autotune.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
                                             return_softmax_lse=True, config=config)
     check_each_sequence(out, lse, q, k, v, cu_q, cu_k, causal)
+
+
+def test_varlen_fit_keeps_dispatched_gluon_configs_in_shared_memory():
+    """Past D=128 the Gluon varlen kernel's padded tiles leave no room for a persistent grid's
+    second Q buffer (256 KB at D=192 with 64-key steps), nor for the dense kernel's 128-key
+    steps over unpadded chunks: the dispatched config runs there as 64-key steps, a program
+    per tile; at D=128 it is kept as varlen_grid made it."""
+    from fa_autotune.kernels.resources import fits
+    from fa_autotune.runtime.api import varlen_fit, varlen_grid
+    from fa_autotune.spec.problem import Problem
+
+    d192 = Problem(4, 16, 4, 2048, 2048, 192, "bfloat16", True)
+    wide = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2, overlap=False, pingpong=True))
+    padded = KernelConfig.from_mapping(dict(GLUON, BLOCK_N=64, num_stages=2, rescale_threshold=8))
+    for dispatched in (wide, padded):
+        grid = varlen_grid(dispatched, False, False, 2)  # few sequences: persistent, tiles from a counter
+        assert grid.persistent == 1 and not fits(grid.with_(BLOCK_N=64), d192, (9, 0))
+        chosen = varlen_fit(grid, d192)
+        assert chosen == dispatched.with_(BLOCK_N=64) and fits(chosen, d192, (9, 0))
+    d128 = Problem(4, 16, 4, 2048, 2048, 128, "bfloat16", True)
+    grid = varlen_grid(KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2)), True, False, 2)
+    assert varlen_fit(grid, d128) == grid
 
 
 def test_varlen_grid_is_static_but_for_few_sequences():
