@@ -34,19 +34,26 @@ def data_dir(name: str) -> Path:
     )
 
 
+# The launch plans (kernels/): the flags, grids and descriptors they pass (a padded head dim's
+# split, 128-key steps over column chunks, L2 sections, varlen tile tables) decide what a
+# rendered kernel computes as much as its template does.
+LAUNCH_PLANS = ("launch.py", "fwd.py", "bwd.py", "varlen.py", "decode.py", "tiles.py")
+
+
 def template_sources() -> list[Path]:
     """The files whose bytes template_hash covers: the templates, the Gluon device code they
-    import (kernels/gluon_*.py), the FP8 quantizer that makes an FP8 trial's inputs (fp8/) and
-    the trial inputs' definition."""
+    import (kernels/gluon_*.py), the launch plans (LAUNCH_PLANS), the FP8 quantizer that makes
+    an FP8 trial's inputs (fp8/) and the trial inputs' definition."""
     package = Path(__file__).parent
     return [*sorted(data_dir("templates").glob("*.jinja")), *sorted((package / "kernels").glob("gluon_*.py")),
-            *sorted((package / "fp8").glob("*.py")), package / "tune" / "inputs.py"]
+            *(package / "kernels" / name for name in LAUNCH_PLANS), *sorted((package / "fp8").glob("*.py")),
+            package / "tune" / "inputs.py"]
 
 
 @lru_cache(maxsize=1)
 def template_hash() -> str:
-    """Hash over every template file, the device code the templates import, the FP8
-    quantizer and the trial inputs' definition: identifies the kernel code a
+    """Hash over every template file, the device code the templates import, the launch
+    plans, the FP8 quantizer and the trial inputs' definition: identifies the kernel code a
     measurement ran and the data its error was judged on (a tune reuses only measurements of
     the same hash)."""
     digest = hashlib.sha256()

@@ -163,6 +163,16 @@ def test_template_hash_covers_the_device_code_the_templates_import():
     assert all(p.is_file() for p in covered)
 
 
+def test_template_hash_covers_the_launch_plans():
+    """Every kernels/ module that builds launches (flags, grids, descriptors: what a rendered
+    kernel computes, e.g. kernels.fwd.wide_steps' 128-key steps) is under template_hash."""
+    covered = {p.resolve() for p in paths.template_sources()}
+    kernels = Path(paths.__file__).parent / "kernels"
+    planners = {p.resolve() for p in kernels.glob("*.py") if "Launch(" in p.read_text()}
+    assert {"fwd.py", "bwd.py", "varlen.py", "decode.py"} <= {p.name for p in planners}
+    assert planners <= covered, sorted(p.name for p in planners - covered)
+
+
 def test_tidy_normalises_blank_lines():
     messy = 'import a\n\nX = 1\n@dec\n\ndef f():\n\n    """Doc.\n\n    More."""\n\n    return 1\nY = 2\n'
     assert render.tidy(messy) == (
