@@ -6,8 +6,8 @@ Hopper (sm_90): a K and a V tile per pipeline stage and the Q tile(s) for Triton
 Q-outer and split-KV kernels; for Gluon, the Q buffers (two per consumer on a persistent
 grid), O's staging buffer (in the Q buffers past head dim 128), the half-step P buffers
 and the K/V ring (at head dims 129-192 with 128-key steps, unpadded column chunks and V in a
-ring of 64-key halves: kernels.fwd.wide_steps). Barriers and the compiler's scratch add at most :data:`SLACK` bytes.
-``tests/kernels/test_resources.py`` checks the estimates against the compiler. Where
+ring of 64-key halves: kernels.fwd.wide_steps). Barriers and the compiler's scratch add at
+most :data:`SLACK` bytes. ``tests/kernels/test_resources.py`` checks the estimates against the compiler. Where
 no such rule holds (KV-outer loops, warp-specialized Triton kernels, decode and backward
 kernels, other architectures) the estimate is None and the compiler decides.
 """
