@@ -102,13 +102,17 @@ class Database:
         if self.is_sqlite:
             event.listen(self.engine, "connect", _sqlite_pragmas(parsed.database, wal=not readonly))
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        try:
+
+        def open_checked() -> None:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
             if readonly:
                 check_readable(self.engine)
             else:
-                _schema_race_retried(lambda: upgrade(self.engine))
+                upgrade(self.engine)
+
+        try:
+            _schema_race_retried(open_checked)
         except DatabaseError:
             self.engine.dispose()
             raise
@@ -160,8 +164,12 @@ def _schema_race_retried(create, attempts: int = 6):
     """``create()``, again if another process created the same tables first: several tunes
     started at once on a fresh database all try to create the schema (theirs and Optuna's,
     with its version rows), and all but one see "already exists" or a unique-constraint
-    error; the retry then finds the schema in place."""
+    error; the retry then finds the schema in place. Also again after a SQLite "database is
+    locked" that came at once rather than after the busy timeout: SQLite answers so without
+    waiting where waiting could deadlock, and while another connection opens or cleans up a
+    WAL file (sqlite.org/wal.html), and says to retry."""
     for attempt in range(attempts):
+        started = time.monotonic()
         try:
             return create()
         except Exception as exc:
@@ -170,7 +178,8 @@ def _schema_race_retried(create, attempts: int = 6):
                                                      # SQLite commits DDL at once: another process may
                                                      # see the tables before the version row
                                                      "schema version table is empty", "but no schema version"))
-            if not raced or attempt == attempts - 1:
+            locked_at_once = "database is locked" in message and time.monotonic() - started < BUSY_TIMEOUT_S / 2
+            if not (raced or locked_at_once) or attempt == attempts - 1:
                 raise
             time.sleep(0.1 * (attempt + 1))
 

@@ -234,6 +234,30 @@ def test_version_2_database_gains_kv_cache_problems(db):
     assert problems == {PROBLEM.key: PROBLEM, decode.key: decode}
 
 
+def test_an_immediate_sqlite_lock_is_retried_a_waited_out_one_is_not(monkeypatch):
+    """Opening and creating the schema is retried after a "database is locked" that SQLite
+    gave at once (deadlock avoidance, another connection cleaning up its WAL file: SQLite says
+    to retry), not after one that waited out the busy timeout (a lock really held)."""
+    from fa_autotune.store import db as dbmod
+
+    calls = []
+
+    def locked_twice():
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        return "opened"
+
+    assert dbmod._schema_race_retried(locked_twice) == "opened" and len(calls) == 3
+    clock = iter(range(0, 10**6, dbmod.BUSY_TIMEOUT_S))  # each attempt takes the whole busy timeout
+    monkeypatch.setattr(dbmod.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(dbmod.time, "sleep", lambda s: None)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="database is locked"):
+        dbmod._schema_race_retried(locked_twice)
+    assert len(calls) == 1
+
+
 def test_concurrent_first_opens_create_the_schema_once(tmp_path, any_db_url):
     """Four processes opening one empty database at the same moment: the schema is created
     once, every process ends at the current version (issue 17: workers start together)."""
