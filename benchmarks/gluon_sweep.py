@@ -209,7 +209,7 @@ VARIANT_SETS = {
             (" 1loop", dict(one_loop=True)), (" plain 1loop", dict(overlap=False, one_loop=True)))},
     },
     # 128-key steps at D=192 over unpadded column chunks (kernels.fwd.wide_steps) against the
-    # 64-key padded default: benchmarks/results/2026-12-07-h200-fwd-d192-wide-steps/
+    # 64-key padded default: benchmarks/results/2026-12-07-h100-fwd-d192-wide-steps/
     "wide_steps": {
         "wide n64 lazy8": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, rescale_threshold=8),
         **{f"wide n128{name}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, overlap=False, **knobs)
