@@ -76,7 +76,8 @@ def prepare(config: KernelConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return ForwardPlan(calls, config.access == "tensor_desc")
 
 
-WIDE_COLS = 64  # templates/attn_fwd_gluon.py.jinja's WIDE chunks: columns, and keys per K/V half
+WIDE_COLS = 64  # templates/attn_fwd_gluon.py.jinja's WIDE chunks: columns, chunks a row, keys per K/V half
+WIDE_CHUNKS = 3
 WIDE_KEYS = 64
 
 

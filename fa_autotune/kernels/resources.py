@@ -7,16 +7,17 @@ Q-outer and split-KV kernels; for Gluon, the Q buffers (two per consumer on a pe
 grid), O's staging buffer (in the Q buffers past head dim 128), the half-step P buffers
 and the K/V ring (at head dims 129-192 with 128-key steps, unpadded column chunks and V in a
 ring of 64-key halves: kernels.fwd.wide_steps). Barriers and the compiler's scratch add at
-most :data:`SLACK` bytes. ``tests/kernels/test_resources.py`` checks the estimates against the compiler. Where
-no such rule holds (KV-outer loops, warp-specialized Triton kernels, decode and backward
-kernels, other architectures) the estimate is None and the compiler decides.
+most :data:`SLACK` bytes. ``tests/kernels/test_resources.py`` checks the estimates against
+the compiler. Where no such rule holds (KV-outer loops, warp-specialized Triton kernels,
+decode and backward kernels, other architectures) the estimate is None and the compiler
+decides.
 """
 from __future__ import annotations
 
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from .aot import SHARED_MEMORY_LIMIT
-from .fwd import WIDE_COLS, WIDE_KEYS, wide_steps
+from .fwd import WIDE_CHUNKS, WIDE_COLS, WIDE_KEYS, wide_steps
 
 SLACK = 1024  # barriers, tile indices and layout-conversion scratch (bytes), measured at most 1024
 _ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -30,8 +31,8 @@ def shared_bytes(config: KernelConfig, problem: Problem, capability: tuple[int, 
         return None
     d = problem.head_dim_pad
     kv = 2 * config.num_stages * config.BLOCK_N * d * size  # one K and one V tile per stage
-    if size == 2 and wide_steps(config, problem.head_dim, size):  # unpadded column chunks, V in 64-key halves
-        cols = WIDE_COLS * 3
+    if wide_steps(config, problem.head_dim, size):  # unpadded column chunks, V in 64-key halves
+        cols = WIDE_COLS * WIDE_CHUNKS
         q = (2 if config.persistent else 1) * config.consumers * config.BLOCK_M * cols * size
         halves = 2 * config.num_stages + max(2 * config.num_stages - 1, 2)
         return q + halves * WIDE_KEYS * cols * size

@@ -24,7 +24,7 @@ from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales
                               check_tma_output, gluon_backward_error, per_block, tma_output_reason,
                               why_not)
 from ..kernels.bwd import BackwardPlan, wide_backward_error
-from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run
+from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run, wide_steps
 from ..kernels.launch import check_interpretable, explained, resolve_scale
 from ..kernels.varlen import run_varlen, varlen_config
 from ..spec.candidate import Candidate
@@ -773,8 +773,7 @@ def varlen_fit(config: KernelConfig, problem: Problem) -> KernelConfig:
     chunks (head dims 129-192, kernels.fwd.wide_steps) it takes 64-key ones, and where a
     persistent grid's second Q buffer does not fit beside the K/V ring (past D=128) it runs a
     program per tile, which does."""
-    from ..kernels.fwd import wide_steps
-    from ..kernels.resources import fits
+    from ..kernels.resources import fits  # (it imports the ahead-of-time compiler: not at import time)
 
     if wide_steps(config, problem.head_dim, 2):
         config = config.with_(BLOCK_N=64)
