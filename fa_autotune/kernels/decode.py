@@ -10,6 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
 from .checks import cache_tma_ok
+from ..spec.target import interpreter_active
 from .launch import LOG2E, Launch, _sm_count
 from .render import load_module
 
@@ -20,6 +21,24 @@ _DECODE_UNITS = ("CacheSeqlens", "SEQLEN", "PairStart")  # a persistent (balance
 # and the combine take PairStart after _DECODE's and _DECODE_COMBINE's tensors
 _APPEND = ("KNew", "VNew", "KCache", "VCache", "CacheSeqlens", "BlockTable", "SEQLEN", "KDescale", "VDescale")
 _FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def v_pairs(config: KernelConfig, v_cache: torch.Tensor, head_dim: int) -> int:
+    """The decode kernel's V_PAIRS flag: an FP8 V cache read as 16-bit words of two columns
+    (the template's `_v_pairs`) where the words line up: a pointer config, columns contiguous,
+    every other stride and the data 16 bytes aligned, an even head dim above 16. 1 / 2: e4m3 /
+    e5m2 by the packed cvt (CUDA sm_89+, and meta tensors: what compiling ahead of time for
+    sm_90 builds); 3 / 4: by integer arithmetic (the interpreter); 0: as bytes."""
+    code = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(v_cache.dtype, 0)
+    aligned = (v_cache.stride(-1) == 1 and all(st % 16 == 0 for st in v_cache.stride()[:-1])
+               and v_cache.data_ptr() % 16 == 0)
+    if not code or not aligned or head_dim % 2 or head_dim <= 16 or config.access == "tensor_desc":
+        return 0
+    if interpreter_active():
+        return code + 2
+    if v_cache.device.type == "cuda" and torch.cuda.get_device_capability(v_cache.device) < (8, 9):
+        return 0
+    return code
 
 
 def decode_tile_m(config: KernelConfig, rows: int) -> int:
@@ -73,7 +92,7 @@ class DecodePlan:
             scalars.update(zip((f"stride_{prefix}{axis}" for axis in "bnhd"), strides))
         flags = {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "IS_CAUSAL": causal, "WRITE_LSE": lse is not None,
                  "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32", "TILE_M": tile_m,
-                 "PAGE_SIZE": page_size}
+                 "PAGE_SIZE": page_size, "V_PAIRS": v_pairs(config, v_cache, head_dim)}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         if config.maxnreg:
             options["maxnreg"] = config.maxnreg

@@ -32,7 +32,7 @@ from ..spec.target import interpreter_active
 LOG2E = 1.4426950408889634
 # Launch flags, passed by keyword; a kernel declares those it uses after its other parameters.
 FLAGS = ("HEAD_DIM", "HEAD_DIM_PAD", "IS_CAUSAL", "EVEN_N", "WRITE_LSE", "DOT_PRECISION", "FP8", "TILE_M", "PAGE_SIZE",
-         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "SINK_M", "ATOMIC_DKV", "WIDE")
+         "TAIL_ROWS", "TAIL_HEADS", "D_REST", "SINK_TILE", "SINK_M", "ATOMIC_DKV", "WIDE", "V_PAIRS")
 _FP8_SCALES = ("QScale", "KScale", "VScale")
 _NO_SCALES = (None, None, None)
 _GLUON_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,

@@ -146,7 +146,8 @@ def attention_with_kvcache(
         key = (chosen, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), q.dtype, q.device,
                None if k is None else (k.shape, k.stride(), v.stride()), tensor_lengths is None,
                None if block_table is None else block_table.stride(), scale, causal, return_softmax_lse,
-               k_cache.dtype, None if descales is None else (descales[0].stride(), descales[1].stride()))
+               k_cache.dtype, None if descales is None else (descales[0].stride(), descales[1].stride()),
+               v_cache.data_ptr() % 16 == 0)  # decode.v_pairs reads an FP8 V in 16-byte words
         plan = _PLANS.get(key)
 
         def build_and_run() -> None:

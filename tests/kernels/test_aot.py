@@ -781,15 +781,21 @@ FP8_CACHE_AOT = '''
 import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from fa_autotune.kernels.aot import _specialize, instruction_counts, resource_usage
+from fa_autotune.kernels.aot import _specialize, disassemble, resource_usage
 from fa_autotune.kernels.checks import cache_tma_ok
+import fa_autotune.kernels.decode as decode
 from fa_autotune.kernels.decode import DecodePlan
 from fa_autotune.runtime.select import runnable_decode
 from fa_autotune.spec.config import KernelConfig
 out = {}
 B, H, HKV, D, N = 8, 32, 8, 128, 32768
-for name, changes, page in (("split16", dict(num_splits=16, num_stages=4, access="tensor_desc"), 0),
-                            ("paged-balanced", dict(BLOCK_N=128, num_stages=3, persistent=1), 16)):
+PAIRS = decode.v_pairs  # meta tensors: what sm_90 runs (the packed cvt)
+for pairs, name, changes, page in (
+        (pairs, name, changes, page) for pairs in (0, 1)
+        for name, changes, page in (("split16", dict(num_splits=16, num_stages=4, access="tensor_desc"), 0),
+                                    ("paged-balanced", dict(BLOCK_N=128, num_stages=3, persistent=1), 16),
+                                    ("paged", dict(BLOCK_N=128, num_stages=3), 64))):
+    decode.v_pairs = lambda config, v, head_dim, pairs=pairs: pairs and PAIRS(config, v, head_dim)  # 0: as bytes
     q = torch.empty(B, 1, H, D, device="meta", dtype=torch.bfloat16)
     shape = (B * N // page, page, HKV, D) if page else (B, N, HKV, D)
     k8, v8 = (torch.empty(shape, device="meta", dtype=torch.float8_e4m3fn) for _ in range(2))
@@ -804,18 +810,23 @@ for name, changes, page in (("split16", dict(num_splits=16, num_stages=4, access
         compiled = triton.compile(ASTSource(launch.kernel, signature, consts, attrs), target=GPUTarget("cuda", 90, 32),
                                   options=launch.options)
         ptx = compiled.asm["ptx"]
-        out[launch.kernel.__name__] = {"access": plan.config.access, "shared": compiled.metadata.shared,
-                                       "stack": resource_usage(compiled.asm["cubin"])[1],
-                                       "cvt_fp8": ptx.count("e4m3")}
+        regs, stack = resource_usage(compiled.asm["cubin"])
+        out[f"{launch.kernel.__name__}/{name}/pairs{pairs}"] = {
+            "access": plan.config.access, "shared": compiled.metadata.shared, "registers": regs, "stack": stack,
+            "cvt_fp8": ptx.count("e4m3"), "ldsm": ptx.count("ldmatrix"),
+            "byte_loads": disassemble(compiled.asm["cubin"]).count("LDS.U8")}
 print(json.dumps(out))
 '''
 
 
 def test_fp8_cache_decode_compiles_for_hopper(tmp_path):
-    """KV-cache kernels over an e4m3 cache compile for sm_90 (a split and a paged balanced
-    grid, with the append): FP8 tiles upcast, new rows converted to e4m3; a TMA config runs on
-    pointers over FP8 (the selection says so before the plan). No spills, except in the balanced grid's main kernel,
-    whose upcasts spill 24-80 bytes (not yet measured on a GPU; the bf16 one spills none)."""
+    """KV-cache kernels over an e4m3 cache compile for sm_90 (a split, a paged balanced grid
+    and a paged 128-key grid, with the append): FP8 tiles upcast, new rows converted to e4m3;
+    a TMA config runs on pointers over FP8 (the selection says so before the plan). V read as
+    16-bit column pairs (V_PAIRS, what sm_89+ runs) is staged and loaded with ldmatrix as a
+    16-bit V is: no FP8 byte gathered into an MMA operand one at a time (no LDS.U8), nothing
+    spilled, fewer registers than V read as bytes (V_PAIRS 0: 255 at 128-key steps, the
+    balanced grid spilling), and no more shared memory."""
     import json
     import subprocess
     import sys
@@ -826,15 +837,24 @@ def test_fp8_cache_decode_compiles_for_hopper(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout.splitlines()[-1])
-    assert {name.rsplit("_", 1)[-1] for name in reports} >= {"append", "combine", "units"}
-    for name, report in reports.items():
-        balanced_main = "_sk1" in name and not name.endswith(("_append", "_combine", "_units"))
-        assert report["access"] == "pointer" and (balanced_main or report["stack"] in (0, None)), (name, report)
-        assert 0 <= report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)], (name, report)
-    appends = [r for name, r in reports.items() if name.endswith("_append")]
-    assert appends and all(r["cvt_fp8"] > 0 for r in appends)
-    mains = [r for name, r in reports.items() if not name.endswith(("_append", "_combine", "_units"))]
-    assert len(mains) == 2 and all(r["cvt_fp8"] > 0 for r in mains)  # e4m3 -> bf16 upcasts
+    assert {key.split("/")[0].rsplit("_", 1)[-1] for key in reports} >= {"append", "combine", "units"}
+    mains = {}
+    for key, report in reports.items():
+        name, case, pairs = key.split("/")
+        assert report["access"] == "pointer", (key, report)
+        assert 0 <= report["shared"] <= SHARED_MEMORY_LIMIT[(9, 0)], (key, report)
+        if name.endswith("_append"):
+            assert report["cvt_fp8"] > 0, (key, report)  # new rows quantized to e4m3
+        elif not name.endswith(("_combine", "_units")):
+            mains[case, pairs] = report
+        if pairs == "pairs1" or not name.endswith("_sk1"):
+            assert report["stack"] in (0, None), (key, report)
+    assert len(mains) == 6
+    for case in ("split16", "paged-balanced", "paged"):
+        plain, packed = mains[case, "pairs0"], mains[case, "pairs1"]
+        assert plain["byte_loads"] > 0 and packed["byte_loads"] == 0, (case, plain, packed)
+        assert packed["ldsm"] > plain["ldsm"] and packed["shared"] <= plain["shared"], (case, plain, packed)
+        assert packed["registers"] < plain["registers"], (case, plain, packed)
 
 
 PTXAS_FAILURE = '''
@@ -935,3 +955,35 @@ def test_fp8_v_in_the_wgmma_order_hands_p_over_in_registers(config):
     with pytest.raises(ConfigError, match="v_order='natural'") as raised:
         prepare(ws, x.q, x.k, x.v, o, None, 0.088, 0, False, x.scales)
     assert raised.value.parameter == "warp_specialize"
+
+
+
+def test_v_pairs_where_the_words_line_up(monkeypatch):
+    """The decode kernel's V_PAIRS flag: an FP8 V read as 16-bit column pairs by the packed
+    cvt on CUDA sm_89+ and ahead of time (meta tensors; 1 e4m3, 2 e5m2), by integer
+    arithmetic in the interpreter (3, 4), as bytes (0) on older GPUs, for 16-bit caches, odd
+    or <= 16 head dims, rows or data not 16-byte aligned, and TMA configs."""
+    import torch
+
+    from fa_autotune.kernels import decode
+
+    config = KernelConfig(loop_order="decode", BLOCK_M=16, BLOCK_N=64)
+    e4m3, e5m2 = (torch.empty(2, 64, 8, 128, dtype=dt) for dt in (torch.float8_e4m3fn, torch.float8_e5m2))
+    monkeypatch.setattr(decode, "interpreter_active", lambda: True)
+    assert decode.v_pairs(config, e4m3, 128) == 3 and decode.v_pairs(config, e5m2, 128) == 4
+    assert decode.v_pairs(config, e4m3.half(), 128) == 0
+    assert decode.v_pairs(config, e4m3[..., :96], 96) == 3  # 96 columns of rows 128 bytes apart: aligned
+    assert decode.v_pairs(config, torch.empty(2, 64, 8, 72, dtype=torch.float8_e4m3fn), 72) == 0  # rows 72 B apart
+    assert decode.v_pairs(config, torch.empty(2, 64, 1, 15, dtype=torch.float8_e4m3fn), 15) == 0
+    assert decode.v_pairs(config, torch.empty(2, 64, 1, 16, dtype=torch.float8_e4m3fn), 16) == 0
+    odd = torch.empty(2 * 64 * 8 * 128 + 16, dtype=torch.uint8)[1:1 + 2 * 64 * 8 * 128]
+    assert decode.v_pairs(config, odd.view(torch.float8_e4m3fn).view(2, 64, 8, 128), 128) == 0  # data at an odd byte
+    assert decode.v_pairs(config.with_(access="tensor_desc"), e4m3, 128) == 0
+    monkeypatch.setattr(decode, "interpreter_active", lambda: False)
+    meta = torch.empty(2, 64, 8, 128, dtype=torch.float8_e5m2, device="meta")
+    assert decode.v_pairs(config, meta, 128) == 2
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert decode.v_pairs(config, e4m3, 128) == 1 and decode.v_pairs(config, e5m2, 128) == 2
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert decode.v_pairs(config, e5m2, 128) == 0

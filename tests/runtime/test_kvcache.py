@@ -480,6 +480,45 @@ def test_fp8_cache_appends_quantized_and_attends_dequantized(case, causal, devic
           [n + 2 for n in lengths], causal)
 
 
+@pytest.mark.parametrize("head_dim, page, changes", [(32, 16, {}), (80, 0, {"num_splits": 3}),
+                                                     (64, 16, {"persistent": 1})], ids=["paged", "split3", "balanced"])
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_fp8_v_cache_read_as_column_pairs_matches_bytes(fmt, head_dim, page, changes, device, monkeypatch):
+    """An FP8 V cache read as 16-bit words of two columns (`decode.v_pairs`: aligned, an even
+    head dim; the GPU splits them with a packed cvt, the interpreter by integer arithmetic)
+    gives the output of V read byte by byte, and attention over the dequantized cache; a NaN
+    byte in a visible key's odd or even column makes exactly that column of its KV head's rows NaN
+    (the interpreter's own e4m3 conversion, the byte path here, turns NaN finite).
+    A cache whose rows are not 16-byte aligned is read as bytes."""
+    from fa_autotune.kernels import decode
+    from fa_autotune.runtime import kvcache
+
+    k16, v16, table = make_cache(2, 48, 2, head_dim, page, device=device)
+    descale = torch.tensor([2.0 ** -5, 2.0 ** -6], device=device)
+    k_cache, v_cache = ((t.float() / descale.reshape(1, 1, -1, 1)).to(fmt) for t in (k16, v16))
+    q = torch.randn(2, 1, 8, head_dim, dtype=torch.float16, device=device)
+    kwargs = dict(cache_seqlens=torch.tensor([40, 21], dtype=torch.int32, device=device), block_table=table,
+                  config={**DECODE, **changes}, k_descale=descale.expand(2, 2), v_descale=descale.expand(2, 2))
+    config = fa_autotune.KernelConfig(**DECODE, **changes)
+    assert decode.v_pairs(config, v_cache, head_dim) == (1 if fmt == torch.float8_e4m3fn else 2) + 2 * (device == "cpu")
+    assert decode.v_pairs(config, torch.empty(4, 8, 2, head_dim + 8, dtype=fmt)[..., :head_dim], head_dim) == 0
+    pairs = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    check(pairs, None, q, _dequantized(k_cache, descale), _dequantized(v_cache, descale), table, [40, 21], False)
+    with monkeypatch.context() as patch:
+        patch.setattr(decode, "v_pairs", lambda config, v, head_dim: 0)
+        kvcache._forget_plans()
+        plain = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    kvcache._forget_plans()
+    torch.testing.assert_close(pairs, plain, atol=2e-3, rtol=0)
+    first = [table[b, 0].item() if page else b for b in (0, 1)]
+    v_cache.view(torch.uint8)[first[0], 5, 1, 7] = 0x7F  # NaN in both formats: sequence 0, key 5, KV head 1
+    v_cache.view(torch.uint8)[first[1], 3, 0, 10] = 0xFF  # and -NaN: sequence 1, key 3, KV head 0
+    pairs = fa_autotune.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    nan = torch.zeros_like(pairs, dtype=torch.bool)
+    nan[0, 0, 4:, 7] = nan[1, 0, :4, 10] = True  # query heads 4-7 share KV head 1, 0-3 KV head 0
+    assert torch.equal(pairs.isnan(), nan)
+
+
 @pytest.mark.parametrize("magnitude", [1e-6, 1.0, 1e5])
 def test_fp8_cache_attends_bf16_q_of_any_magnitude(magnitude, device):
     """bf16 q over an e4m3 cache: the kernels multiply fp16 operands (K and V upcast in one
