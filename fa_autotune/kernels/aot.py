@@ -23,7 +23,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -41,6 +41,7 @@ from ..spec.config import KernelConfig
 from ..spec.problem import Problem
 from ..spec.recipe import Fp8Recipe
 from ..spec.target import interpreter_active
+from .checks import Layout, check_fp8_scales, why_not
 from .launch import Launch
 from .plans import bind, example
 
@@ -146,7 +147,15 @@ def compile_variant(config: KernelConfig, problem: Problem, capability: tuple[in
         raise FaAutotuneError("ahead-of-time compilation needs TRITON_INTERPRET unset (use compile_many)")
     start = time.perf_counter()
     try:
-        launches = bind(config, problem, example(config, problem, "meta", recipe=recipe)).launches()
+        x = example(config, problem, "meta", recipe=recipe)
+        if not (problem.decode or problem.backward):  # the rules a launch on this GPU would check first
+            layout = replace(Layout.of(problem, x.q, x.k, x.v), device="cuda", capability=capability)
+            error = why_not(config, problem, layout)
+            if error is not None:
+                raise error
+            if x.scales is not None:
+                check_fp8_scales(config, *x.scales[:5])
+        launches = bind(config, problem, x).launches()
     except ConfigError as exc:  # the config cannot run this problem's layout at all
         return CompileResult(config, "invalid_config", time.perf_counter() - start, (), str(exc))
     reports = []
