@@ -9,8 +9,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
-from .checks import cache_tma_ok
 from ..spec.target import interpreter_active
+from .checks import cache_tma_ok
 from .launch import LOG2E, Launch, _sm_count
 from .render import load_module
 
