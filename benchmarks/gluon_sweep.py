@@ -1,7 +1,7 @@
 """Gluon FlashAttention-3 variants against cuDNN and the dispatched kernel, side by
 side on one GPU: every output checked against float32 first, then interleaved timing rounds.
 
-    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default|wide_steps]
+    python3 benchmarks/gluon_sweep.py --out DIR [--set schedule|one_loop|consumers|l2|dynamic|d64|own_range|own_range_3c|half_step|short_causal|exp2_emu|named_pingpong|pingpong_3c|d128_3c|lazy_rescale|lazy_default|wide_steps|q_regs]
         [--problems mixed|llm|causal|d64|d64_all|d128|short_causal|wide|d192|fp8] [--quick]
 
 Writes DIR/gluon_sweep.json and DIR/gluon_sweep.md (TFLOPS and ratio to cuDNN per problem
@@ -216,6 +216,16 @@ VARIANT_SETS = {
            for name, knobs in (("", {}), (" lazy8", dict(rescale_threshold=8)), (" pp", dict(pingpong=True)),
                                (" pp lazy8", dict(pingpong=True, rescale_threshold=8)),
                                (" 1loop lazy8", dict(one_loop=True, rescale_threshold=8)))},
+    },
+    # Q K^T's Q from registers (q_regs) beside Q from shared memory: the 64-key kernel past
+    # D=128 (--problems d192) and the default's 128-key steps at 240 and 224 registers (d128)
+    "q_regs": {
+        **{f"n64 lazy8{name}": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, rescale_threshold=8, **knobs)
+           for name, knobs in (("", {}), (" qr", dict(q_regs=True)), (" pp qr", dict(q_regs=True, pingpong=True)))},
+        "n64 qr": dict(G, BLOCK_M=64, BLOCK_N=64, num_stages=2, q_regs=True),
+        **{f"n128 pers{name}": dict(G, BLOCK_M=64, BLOCK_N=128, num_stages=2, persistent=1, **knobs)
+           for name, knobs in (("", {}), (" qr", dict(q_regs=True)), (" r224", dict(consumer_regs=224)),
+                               (" r224 qr", dict(consumer_regs=224, q_regs=True)))},
     },
     # the same on the Gluon default (what an untuned problem, e.g. any GQA one, runs)
     "lazy_default": {
@@ -479,6 +489,25 @@ def measure(problem: Problem, variants: dict, rounds: int, rep_ms: float, fa4: b
     return {"problem": problem.key, "rows": rows}
 
 
+def table(results: list[dict], names: list[str]) -> list[str]:
+    """Markdown lines: a row per problem, a cell per provider or variant: TFLOPS (ratio to
+    cuDNN, and to FA4 where it ran), or why it was not timed."""
+    lines = ["| problem | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for r in results:
+        cells = []
+        for name in names:
+            row = r["rows"].get(name)
+            if row is None:
+                cells.append("-")
+            elif "tflops" in row:
+                fa4_ratio = f", {row['vs_fa4']:.2f}x FA4" if "vs_fa4" in row else ""
+                cells.append(f"{row['tflops']:.0f} ({row['vs_cudnn']:.2f}x{fa4_ratio})")
+            else:
+                cells.append(row["status"][:40])
+        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -509,19 +538,7 @@ def main() -> None:
              f"median of {args.rounds} interleaved rounds of {args.rep_ms:.0f} ms; `tuned` is the dispatched "
              "kernel (the shipped tuning file's choice, Gluon or Triton). TFLOPS (ratio to cuDNN); every output "
              "checked against float32 first.", "",
-             "| problem | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for r in results:
-        cells = []
-        for name in names:
-            row = r["rows"].get(name)
-            if row is None:
-                cells.append("-")
-            elif "tflops" in row:
-                fa4_ratio = f", {row['vs_fa4']:.2f}x FA4" if "vs_fa4" in row else ""
-                cells.append(f"{row['tflops']:.0f} ({row['vs_cudnn']:.2f}x{fa4_ratio})")
-            else:
-                cells.append(row["status"][:40])
-        lines.append(f"| {r['problem']} | " + " | ".join(cells) + " |")
+             *table(results, names)]
     (args.out / "gluon_sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -63,3 +63,34 @@ def test_fp8_end_to_end_runs_small_in_the_interpreter(tmp_path):
     assert row["device"] == "cpu" and row["quantize"]["v_order"] in ("wgmma", "natural")
     assert set(row["ms"]) == {"prequantized", "quantize_included", "quantize_only", "attention_16bit"}
     assert all(0 < e < 0.1 for e in row["rel_error"].values())  # checked against float32 before timing
+
+
+def test_split_key_steps_compile_for_hopper():
+    """benchmarks/split_key_steps.py's prototype (K/V steps of 64 + 32 keys at D=192, beside
+    one 64-key part) compiles for sm_90 without a GPU (`--aot`, out of the interpreter): every
+    variant fits Hopper's shared memory with nothing spilled, and a
+    two-part step issues its second part's products beside the first's; shapes the prototype
+    cannot run are refused."""
+    import importlib.util
+
+    import pytest
+
+    from fa_autotune.kernels.aot import SHARED_MEMORY_LIMIT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_key_steps.py"), "--aot", "--head-dim", "192"],
+                            capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {(r["head_dim"], r["variant"]): r for r in map(json.loads, result.stdout.splitlines())}
+    assert len(rows) == 4
+    for row in rows.values():
+        assert row["stack_bytes"] == 0 and row["shared_bytes"] <= SHARED_MEMORY_LIMIT[(9, 0)], row
+        assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in row["setmaxnreg"]
+    assert rows[(192, "64+32 keys")]["wgmma"] > rows[(192, "64 keys")]["wgmma"] > 0
+    spec = importlib.util.spec_from_file_location("split_key_steps", ROOT / "benchmarks" / "split_key_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(ValueError, match="head dims 192 and 256"):
+        module.check_shape(128, 4096)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        module.check_shape(192, 4000)

@@ -167,6 +167,9 @@ def _fp8_error(config: KernelConfig, capability: tuple[int, int] | None) -> Conf
         return ConfigError("loop_order", "FP8 inputs run with loop_order='q_outer' only")
     if config.language == "gluon" and config.half_step:
         return ConfigError("half_step", "the Gluon kernel's half steps hold P in 16 bits; FP8 runs without them")
+    if config.language == "gluon" and config.q_regs:
+        return ConfigError("q_regs", "the Gluon kernel holds Q in registers for 16-bit Q K^T products; FP8 reads Q "
+                           "from shared memory")
     if config.q_tiles != 1:
         return ConfigError("q_tiles", "FP8 inputs need q_tiles=1 (one Q descale per program)")
     if config.BLOCK_N < 32:

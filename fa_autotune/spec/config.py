@@ -52,7 +52,7 @@ _MIN_REGS, _MAX_REGS = 24, 256
 STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 0, "tile_order": "seq",
                       "maxnreg": 0, "fp8_pv": "separate", "language": "triton", "consumers": 2, "consumer_regs": 240,
                       "overlap": True, "pingpong": False, "one_loop": False, "dynamic": False, "section": 0,
-                      "exp2_emu": 0, "half_step": False,
+                      "exp2_emu": 0, "half_step": False, "q_regs": False,
                       "dq_atomic": False, "group_split": 1,
                       "dq_block_m": 0, "dq_block_n": 0, "dq_warps": 0, "dq_stages": 0}
 # The backward's dQ pass: its own tiles, warps and stages (0: the dK/dV pass's value). The
@@ -61,7 +61,7 @@ STRUCTURE_DEFAULTS = {"rescale_threshold": 0, "exp2_poly": False, "persistent": 
 DQ_FIELDS = {"dq_block_m": "BLOCK_M", "dq_block_n": "BLOCK_N", "dq_warps": "num_warps", "dq_stages": "num_stages"}
 # Gluon's FlashAttention-3 schedule (language="gluon"); Triton configs keep these at their defaults.
 GLUON_FIELDS = ("consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "dynamic", "section", "exp2_emu",
-                "half_step")
+                "half_step", "q_regs")
 # exp2_emu: one score in every N of an unmasked step exponentiated by polynomial on the FMA units.
 GLUON_EXP2_EMU = (0, 4, 8, 16)
 GROUP_SPLITS = (1, 2, 4, 8)
@@ -123,6 +123,10 @@ class KernelConfig:
     # half of keys no row of the warpgroup sees (its diagonal tile when it holds the tile's
     # first rows) computes S and the softmax over the first half only, P through shared memory.
     half_step: bool = False
+    # Gluon forward, with the overlap, 16-bit: Q K^T's Q read into registers once a tile
+    # instead of from shared memory by every product (an m64nNk16 product reading both
+    # operands from shared memory needs all of its bandwidth at N = 64).
+    q_regs: bool = False
     # Backward: dQ accumulated with fp32 atomic adds inside the dK/dV pass (one pass less, run
     # to run bit differences) instead of its own Q-outer pass (deterministic).
     dq_atomic: bool = False
@@ -298,6 +302,8 @@ class KernelConfig:
             parts.append(f"emu{self.exp2_emu}")
         if self.half_step:
             parts.append("half")
+        if self.q_regs:
+            parts.append("qr")
         if self.rescale_threshold:
             parts.append(f"lazy{self.rescale_threshold}")
         return "_".join(parts)
@@ -425,7 +431,7 @@ def _validate_gluon_backward(cfg: KernelConfig) -> None:
     if cfg.consumers > 2:
         raise ConfigError("consumers", f"the Gluon backward runs 1 or 2 consumer warpgroups, got {cfg.consumers}")
     _check_int("group_split", cfg.group_split, GROUP_SPLITS)
-    for name in ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step"):
+    for name in ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step", "q_regs"):
         if getattr(cfg, name) != STRUCTURE_DEFAULTS[name]:
             raise ConfigError(name, f"the Gluon backward has no such schedule; use {STRUCTURE_DEFAULTS[name]!r}")
 
@@ -473,7 +479,7 @@ def _validate_language(cfg: KernelConfig) -> None:
     _check_int("consumer_regs", cfg.consumer_regs, lo=_MIN_REGS, hi=_MAX_REGS)
     _check_int("exp2_emu", cfg.exp2_emu, GLUON_EXP2_EMU, lo=0)
     _check_int("section", cfg.section, lo=0, hi=MAX_SECTION)
-    for name in ("overlap", "pingpong", "one_loop", "dynamic", "half_step"):
+    for name in ("overlap", "pingpong", "one_loop", "dynamic", "half_step", "q_regs"):
         if not isinstance(getattr(cfg, name), bool):
             raise ConfigError(name, f"expected true or false, got {getattr(cfg, name)!r}")
     if cfg.language == "triton":
@@ -512,6 +518,9 @@ def _validate_language(cfg: KernelConfig) -> None:
     if cfg.BLOCK_N == 256 and (cfg.loop_order != "q_outer" or cfg.overlap or cfg.consumers != 2):
         raise ConfigError("BLOCK_N", "language='gluon' takes 256-key steps in the forward with two consumers and "
                           "overlap=false only (a second 64 x 256 score tile does not fit beside the first)")
+    if cfg.q_regs and (not cfg.overlap or cfg.loop_order != "q_outer"):
+        raise ConfigError("q_regs", "Q in registers is the overlapped forward's (the steps after each tile's first): "
+                          "it needs overlap=true")
     if cfg.half_step and (cfg.overlap or cfg.BLOCK_N != 128):
         raise ConfigError("half_step", "half steps run in the steps-in-turn schedule over 128-key tiles: they need "
                           "overlap=false and BLOCK_N=128")

@@ -53,7 +53,7 @@ FAMILIES: dict[tuple[str, str], Family] = {
     ("q_outer", "gluon"): Family(
         "fwd_gluon", "attn_fwd_gluon.py.jinja", "FlashAttention-3 forward (Hopper): a TMA producer, consumer "
         "warpgroups, overlap, ping-pong", _GLUON_TILE + ("overlap", "pingpong", "one_loop", "exp2_emu", "half_step",
-                                                           "rescale_threshold"),
+                                                           "q_regs", "rescale_threshold"),
         pinned={"access": "tensor_desc", "num_warps": 4}),
     ("backward", "gluon"): Family(
         "bwd_gluon", "attn_bwd_gluon.py.jinja", "FlashAttention-3 backward (Hopper): dK/dV in consumer warpgroups, "

@@ -375,6 +375,42 @@ def test_gluon_products_read_only_the_real_head_dim_columns(head_dim, pad, confi
     assert trimmed.kernels[0].step_loop_local_memory == 0
 
 
+def _step_loop_text(sass: str) -> str:
+    """The SASS lines of the innermost loops that issue wgmma (the K/V steps)."""
+    spans = [(a, b) for a, b, ops in sass_loops(sass, innermost=True) if ops["HGMMA"]]
+    lines = re.findall(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*)$", sass, re.M)
+    return "\n".join(text for address, text in lines if any(a <= int(address, 16) <= b for a, b in spans))
+
+
+def test_gluon_q_in_registers_reads_only_k_from_shared_memory():
+    """q_regs at D=192 (the shipped 64-key kernel with lazy rescaling): from each tile's second
+    step on Q K^T takes Q's two column parts from registers, so each of its HGMMA reads only K
+    from shared memory (an m64n64k16 product reading both operands there needs the SM's whole
+    shared-memory bandwidth); without it every step's products read Q there. The step loops
+    spill nothing and issue fewer instructions than with Q in shared memory. FP8 keeps Q in
+    shared memory: a config asking otherwise is refused by name."""
+    from fa_autotune.spec.defaults import GLUON_WIDE
+
+    problem = Problem(2, 16, 16, 8192, 8192, 192, "bfloat16")
+    smem, regs = compile_many([GLUON_WIDE, GLUON_WIDE.with_(q_regs=True)], problem, jobs=2, sass=True)
+    a_from_regs = re.compile(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\], ")  # S: K^T, not V (.tnspB)
+    a_from_smem = re.compile(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, gdesc\[UR\d+\]")
+    steps = {}
+    for name, result in (("smem", smem), ("regs", regs)):
+        assert result.status == "ok", result.error
+        (kernel,) = result.kernels
+        assert kernel.step_loop_local_memory == 0
+        steps[name] = (_step_loop_text(kernel.sass), sum(sum(ops.values()) for _, _, ops in
+                                                        sass_loops(kernel.sass, innermost=True) if ops["HGMMA"]))
+    assert a_from_smem.search(steps["smem"][0]) and not a_from_regs.search(steps["smem"][0])
+    assert a_from_regs.search(steps["regs"][0]) and not a_from_smem.search(steps["regs"][0])
+    assert steps["regs"][1] < steps["smem"][1], (steps["regs"][1], steps["smem"][1])
+    fp8 = Problem(2, 16, 16, 8192, 8192, 128, "float8_e4m3fn")
+    (refused,) = compile_many([KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
+                                            num_stages=2, q_regs=True)], fp8, jobs=1)
+    assert refused.status == "invalid_config" and "q_regs" in refused.error
+
+
 def test_reports_registers_and_spills():
     """The report reads ptxas's allotment from the cubin: FlashAttention-3's two 64-row
     consumers keep their accumulators in registers (no local loads or stores in the K/V step

@@ -50,6 +50,11 @@ KNOBS = {
     "2c-plain-pingpong-one-loop-lazy4": dict(overlap=False, pingpong=True, one_loop=True, rescale_threshold=4),
     "3c-n64-pingpong-lazy8": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, pingpong=True,
                                   rescale_threshold=8),
+    # Q K^T's Q held in registers from each tile's second step on (P in 16 bits at 224 registers)
+    "2c-qregs": dict(q_regs=True),
+    "2c-qregs-r224-pingpong-dynamic": dict(q_regs=True, consumer_regs=224, pingpong=True, persistent=1, dynamic=True),
+    "2c-qregs-r224-one-loop-lazy8": dict(q_regs=True, consumer_regs=224, one_loop=True, persistent=1,
+                                         rescale_threshold=8),
     "1c-m128": dict(consumers=1, BLOCK_M=128, consumer_regs=240),
     "1c-m64-masked": dict(consumers=1, causal_mode="masked", num_stages=3),
 }
@@ -141,6 +146,8 @@ WIDE_KNOBS = {
     "lazy8": dict(BLOCK_N=64, rescale_threshold=8),
     "pingpong": dict(BLOCK_N=64, pingpong=True),
     "plain-one-loop": dict(BLOCK_N=64, overlap=False, one_loop=True),
+    "qregs-lazy8": dict(BLOCK_N=64, q_regs=True, rescale_threshold=8),  # Q's two column parts in registers
+    "qregs-pingpong": dict(BLOCK_N=64, q_regs=True, pingpong=True),
 }
 WIDE_SHAPES = {
     "causal-gqa-1000-d256": (2, 8, 2, 1000, 1000, 256, True, "top_left"),
@@ -181,10 +188,12 @@ def test_wide_head_dims(case, dtype):
     check_against_reference(shape, knobs, dtype)
 
 
+@pytest.mark.parametrize("q_regs", [False, True], ids=["qsmem", "qregs"])
 @pytest.mark.parametrize("d", [192, 256])
-def test_wide_head_dims_varlen(d):
+def test_wide_head_dims_varlen(d, q_regs):
     """Packed sequences at D=192 and 256 (the varlen kernel stages O in its Q buffer too; ragged
-    last tiles store with a row mask, at D=192 both accumulator parts)."""
+    last tiles store with a row mask, at D=192 both accumulator parts), Q K^T's Q from shared
+    memory or registers."""
     from fa_autotune import attention_varlen
 
     lengths = [1, 300, 777, 64, 1500]
@@ -193,7 +202,7 @@ def test_wide_head_dims_varlen(d):
     q, k, v = (torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16) for n in (h, hk, hk))
     for causal in (False, True):
         out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
-                               config=dict(BASE, BLOCK_N=64))
+                               config=dict(BASE, BLOCK_N=64, q_regs=q_regs))
         for i, n in enumerate(lengths):
             s = slice(int(cu[i]), int(cu[i + 1]))
             one = lambda t: t[s].transpose(0, 1).unsqueeze(0)  # noqa: E731

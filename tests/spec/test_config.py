@@ -54,13 +54,15 @@ def test_gluon_names_spell_the_schedule():
     assert KernelConfig(**GLUON, exp2_emu=8).name.endswith("_ov_emu8")
     assert KernelConfig(**GLUON, persistent=1, dynamic=True, section=8).name.endswith("_ov_pers1_dyn_sec8")
     assert KernelConfig(**GLUON, pingpong=True, rescale_threshold=8).name.endswith("_ov_pp_lazy8")
+    assert KernelConfig(**GLUON, q_regs=True, rescale_threshold=8).name.endswith("_ov_qr_lazy8")
 
 
 def test_triton_configs_keep_their_canonical_json():
     """Configs stored before the Gluon knobs existed keep their keys (no re-tune, no orphans)."""
     text = KernelConfig().canonical_json()
-    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "exp2_emu"):
+    for name in ("language", "consumers", "consumer_regs", "overlap", "pingpong", "one_loop", "exp2_emu", "q_regs"):
         assert f'"{name}"' not in text
+    assert '"q_regs"' not in KernelConfig(**GLUON).canonical_json()  # Gluon configs tuned before it keep theirs
     assert json.loads(KernelConfig(**GLUON).canonical_json())["language"] == "gluon"
 
 
@@ -89,6 +91,9 @@ def test_triton_configs_keep_their_canonical_json():
     (dict(section=4), "section"),  # sections order a persistent grid's tiles
     (dict(persistent=1, section=-1), "section"),
     (dict(persistent=1, section=True), "section"),
+    (dict(q_regs=True, overlap=False), "q_regs"),  # Q enters registers after each tile's first, overlapped step
+    (dict(q_regs=1), "q_regs"),
+    (dict(loop_order="backward", BLOCK_N=64, q_regs=True), "q_regs"),
 ])
 def test_gluon_configs_are_validated(changes, field):
     with pytest.raises(ConfigError) as info:
@@ -98,7 +103,7 @@ def test_gluon_configs_are_validated(changes, field):
 
 def test_triton_configs_refuse_gluon_knobs():
     for name, value in (("consumers", 1), ("overlap", False), ("pingpong", True), ("consumer_regs", 232),
-                        ("one_loop", True), ("exp2_emu", 8), ("section", 4)):
+                        ("one_loop", True), ("exp2_emu", 8), ("section", 4), ("q_regs", True)):
         with pytest.raises(ConfigError, match="only language='gluon'"):
             KernelConfig.from_mapping({name: value})
 
