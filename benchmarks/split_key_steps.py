@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -260,7 +261,7 @@ def _consumer(q0s, q1s, ka0, ka1, kb0, kb1, va0, va1, vb0, vb1, q_bar, k_ready, 
     _turn_wait(turn, n_kv, WG, PINGPONG)
     t0, t1 = _pv(p, va0, va1, vb0, vb1, sl, acc0, acc1, NB)
     _turn_pass(turn, WG, PINGPONG)
-    acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1))
+    acc0, acc1, pa0, pa1, pb0, pb1 = warpgroup_mma_wait(num_outstanding=0, deps=(t0, t1, p[0], p[1], p[2], p[3]))
     mbarrier.arrive(v_empty.index(sl))
     # epilogue: O = acc / l through this warpgroup's Q buffers (Q is dead), TMA stores
     l0 = gl.convert_layout(l_i, gl.SliceLayout(1, o0_layout))
@@ -445,7 +446,8 @@ def measure(problem, rounds: int, rep_ms: float, fa4: bool) -> dict:
 
 
 def aot_report(head_dims: tuple[int, ...] = (192, 256)) -> list[dict]:
-    """Every variant compiled for sm_90: spilled bytes, shared memory, wgmma count, register budgets."""
+    """Every variant compiled for sm_90: spilled bytes, the wgmma groups its waits leave running
+    (the PV products behind a step's scores), shared memory, wgmma count, register budgets."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fa_autotune.kernels.aot import resource_usage
 
@@ -455,7 +457,8 @@ def aot_report(head_dims: tuple[int, ...] = (192, 256)) -> list[dict]:
             kernel = aot_compile(head_dim, "bfloat16", na, nb, stages, pp)
             _, stack = resource_usage(kernel.asm["cubin"])
             ptx = kernel.asm["ptx"]
-            out.append({"head_dim": head_dim, "variant": name, "stack_bytes": stack,
+            waits = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
+            out.append({"head_dim": head_dim, "variant": name, "stack_bytes": stack, "wait_groups": waits,
                         "shared_bytes": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                         "setmaxnreg": sorted({line.strip() for line in ptx.splitlines() if "setmaxnreg" in line})})
     return out

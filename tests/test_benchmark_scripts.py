@@ -87,6 +87,9 @@ def test_split_key_steps_compile_for_hopper():
         assert row["stack_bytes"] == 0 and row["shared_bytes"] <= SHARED_MEMORY_LIMIT[(9, 0)], row
         assert "setmaxnreg.inc.sync.aligned.u32 \t240;" in row["setmaxnreg"]
     assert rows[(192, "64+32 keys")]["wgmma"] > rows[(192, "64 keys")]["wgmma"] > 0
+    # a step waits for its scores with its PV products still running: 2 groups (one per O
+    # chunk) behind one key part's scores, 4 behind two parts'; 0 at the prologue and the tail
+    assert rows[(192, "64 keys")]["wait_groups"] == [0, 2] and rows[(192, "64+32 keys")]["wait_groups"] == [0, 4]
     spec = importlib.util.spec_from_file_location("split_key_steps", ROOT / "benchmarks" / "split_key_steps.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,7 +10,7 @@ import torch
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
 from ..spec.problem import Problem
-from .fwd import wide_steps
+from .fwd import d_rest, q_regs_error, wide_steps
 
 _TMA_ALIGN = 16  # bytes: TMA wants 16-byte aligned bases and row strides
 # Lazy rescaling lets P reach 2**rescale_threshold before P is cast to V's dtype: the largest
@@ -65,6 +65,11 @@ def why_not(config: KernelConfig, problem: Problem, layout: Layout) -> ConfigErr
                 return ConfigError(name, f"language='gluon' takes 128-key steps at head dim {problem.head_dim} in "
                                    f"turn only (two 64-key score halves beside a 192-column accumulator): use "
                                    f"{name}=false or BLOCK_N=64")
+        if not problem.is_fp8:
+            error = q_regs_error(config, problem.head_dim, problem.head_dim_pad,
+                                 d_rest(problem.head_dim, problem.head_dim_pad))
+            if error:
+                return error
     elif config.access != "tensor_desc":
         for name, span in zip("qkv", layout.spans):
             if span > MAX_OFFSET:

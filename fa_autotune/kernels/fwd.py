@@ -106,6 +106,17 @@ def d_rest(head_dim: int, head_dim_pad: int, element_size: int = 2) -> int:
     return rest if half + rest < head_dim_pad else 0
 
 
+def q_regs_error(config: KernelConfig, head_dim: int, head_dim_pad: int, rest: int) -> ConfigError | None:
+    """Where a ``q_regs`` config's Q cannot stay in registers: a kernel staging Q as one part
+    past 128 columns (D=256, or a padded varlen kernel past D=128: ``rest`` 0) would hold 64
+    registers a thread of Q beside the accumulator and spill in every step (sm_90 compiles:
+    152-272 bytes of stack, local loads and stores in the step loops)."""
+    if config.q_regs and head_dim_pad > 128 and not rest:
+        return ConfigError("q_regs", f"Q in registers at head dim {head_dim} (staged as one {head_dim_pad}-column "
+                           "part) would spill beside the accumulator: use q_regs=false")
+    return None
+
+
 def _q_outer(config, module: KernelModule, q, scalars, flags, options, scales, head_dim_pad):
     """FlashAttention-2: one program per Q tile (or a persistent grid looping over them);
     with one Q tile the kernel also takes FP8 inputs (FP8 flag, descales)."""

@@ -10,7 +10,7 @@ import triton
 
 from ..errors import ConfigError
 from ..spec.config import KernelConfig
-from .fwd import d_rest, wide_steps
+from .fwd import d_rest, q_regs_error, wide_steps
 from .launch import (_FP8_SCALES, _NO_SCALES, LOG2E, Launch, _gluon_descriptors, _sm_count, _tile_counter,
                      check_interpretable, explained, l2_section)
 from .render import load_module
@@ -144,6 +144,9 @@ def _gluon_varlen(config: KernelConfig, kernel, q, k, v, cu_q, max_q: int, scale
         raise ConfigError("BLOCK_N", f"the Gluon varlen kernel stages tiles padded to {head_dim_pad} columns: at head "
                           f"dim {q.shape[2]} it takes 64-key steps (BLOCK_N=64); 128-key steps there are the dense "
                           f"kernel's (kernels.fwd.wide_steps)")
+    error = q_regs_error(config, q.shape[2], head_dim_pad, varlen_d_rest(q.shape[2], head_dim_pad))
+    if error:
+        raise error
     batch, heads = cu_q.numel() - 1, q.shape[1]  # checked by the caller (kernels.checks.check_config)
     rows = config.BLOCK_M * config.consumers
     tiles = min(triton.cdiv(max(max_q, 1), rows) * batch, triton.cdiv(q.shape[0], rows) + batch) * heads

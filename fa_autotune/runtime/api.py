@@ -24,9 +24,9 @@ from ..kernels.checks import (MAX_OFFSET, Layout, check_config, check_fp8_scales
                               check_tma_output, gluon_backward_error, per_block, tma_output_reason,
                               why_not)
 from ..kernels.bwd import BackwardPlan, wide_backward_error
-from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, run, wide_steps
+from ..kernels.fwd import ForwardPlan, allocate_outputs, prepare, q_regs_error, run, wide_steps
 from ..kernels.launch import check_interpretable, explained, resolve_scale
-from ..kernels.varlen import run_varlen, varlen_config
+from ..kernels.varlen import run_varlen, varlen_config, varlen_d_rest
 from ..spec.candidate import Candidate
 from ..spec.config import DQ_FIELDS, KernelConfig
 from ..spec.defaults import GLUON_BACKWARD_TWO_PASS, backward_default, default_for, defaults_for
@@ -770,13 +770,17 @@ def varlen_grid(dispatched: KernelConfig, causal: bool, equal_lengths: bool, bat
 def varlen_fit(config: KernelConfig, problem: Problem) -> KernelConfig:
     """A dispatched Gluon config as the varlen kernel holds it: that kernel stages tiles padded
     to a power of two, so where the dense kernel takes 128-key steps over unpadded column
-    chunks (head dims 129-192, kernels.fwd.wide_steps) it takes 64-key ones, and where a
+    chunks (head dims 129-192, kernels.fwd.wide_steps) it takes 64-key ones, where Q would stay
+    in registers as one part past 128 columns it reads Q from shared memory, and where a
     persistent grid's second Q buffer does not fit beside the K/V ring (past D=128) it runs a
     program per tile, which does."""
     from ..kernels.resources import fits  # (it imports the ahead-of-time compiler: not at import time)
 
     if wide_steps(config, problem.head_dim, 2):
         config = config.with_(BLOCK_N=64)
+    if q_regs_error(config, problem.head_dim, problem.head_dim_pad,
+                    varlen_d_rest(problem.head_dim, problem.head_dim_pad)):
+        config = config.with_(q_regs=False)
     if config.persistent and not fits(config, problem, (9, 0)):
         config = config.with_(persistent=0, dynamic=False, section=0)
     return config

@@ -388,7 +388,8 @@ def test_gluon_q_in_registers_reads_only_k_from_shared_memory():
     from shared memory (an m64n64k16 product reading both operands there needs the SM's whole
     shared-memory bandwidth); without it every step's products read Q there. The step loops
     spill nothing and issue fewer instructions than with Q in shared memory. FP8 keeps Q in
-    shared memory: a config asking otherwise is refused by name."""
+    shared memory, and so does D=256 (one 256-column part of Q would spill beside the
+    accumulator): a config asking otherwise is refused by name."""
     from fa_autotune.spec.defaults import GLUON_WIDE
 
     problem = Problem(2, 16, 16, 8192, 8192, 192, "bfloat16")
@@ -406,9 +407,12 @@ def test_gluon_q_in_registers_reads_only_k_from_shared_memory():
     assert a_from_regs.search(steps["regs"][0]) and not a_from_smem.search(steps["regs"][0])
     assert steps["regs"][1] < steps["smem"][1], (steps["regs"][1], steps["smem"][1])
     fp8 = Problem(2, 16, 16, 8192, 8192, 128, "float8_e4m3fn")
-    (refused,) = compile_many([KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4,
-                                            num_stages=2, q_regs=True)], fp8, jobs=1)
-    assert refused.status == "invalid_config" and "q_regs" in refused.error
+    d256 = Problem(2, 16, 16, 8192, 8192, 256, "bfloat16")  # Q as one 256-column part: it would spill
+    gluon = KernelConfig(language="gluon", access="tensor_desc", BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2,
+                         q_regs=True)
+    for config, refused_problem in ((gluon, fp8), (GLUON_WIDE.with_(q_regs=True), d256)):
+        (refused,) = compile_many([config], refused_problem, jobs=1)
+        assert refused.status == "invalid_config" and "q_regs" in refused.error, refused.error
 
 
 def test_reports_registers_and_spills():

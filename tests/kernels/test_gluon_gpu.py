@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fa_autotune import attention
+from fa_autotune import ConfigError, attention
 from helpers import assert_close_to_reference, make_qkv
 
 pytestmark = [
@@ -50,7 +50,8 @@ KNOBS = {
     "2c-plain-pingpong-one-loop-lazy4": dict(overlap=False, pingpong=True, one_loop=True, rescale_threshold=4),
     "3c-n64-pingpong-lazy8": dict(consumers=3, consumer_regs=160, BLOCK_N=64, persistent=1, pingpong=True,
                                   rescale_threshold=8),
-    # Q K^T's Q held in registers from each tile's second step on (P in 16 bits at 224 registers)
+    # Q K^T's Q held in registers from each tile's second step on (at 224 registers P in 16
+    # bits; at D=128 some of these spill in their step loops, which costs speed, not results)
     "2c-qregs": dict(q_regs=True),
     "2c-qregs-r224-pingpong-dynamic": dict(q_regs=True, consumer_regs=224, pingpong=True, persistent=1, dynamic=True),
     "2c-qregs-r224-one-loop-lazy8": dict(q_regs=True, consumer_regs=224, one_loop=True, persistent=1,
@@ -146,8 +147,6 @@ WIDE_KNOBS = {
     "lazy8": dict(BLOCK_N=64, rescale_threshold=8),
     "pingpong": dict(BLOCK_N=64, pingpong=True),
     "plain-one-loop": dict(BLOCK_N=64, overlap=False, one_loop=True),
-    "qregs-lazy8": dict(BLOCK_N=64, q_regs=True, rescale_threshold=8),  # Q's two column parts in registers
-    "qregs-pingpong": dict(BLOCK_N=64, q_regs=True, pingpong=True),
 }
 WIDE_SHAPES = {
     "causal-gqa-1000-d256": (2, 8, 2, 1000, 1000, 256, True, "top_left"),
@@ -156,6 +155,15 @@ WIDE_SHAPES = {
     "causal-br-q50-k21-d256-emptyrows": (2, 4, 4, 50, 21, 256, True, "bottom_right"),
     "full-q1-k3000-d256-mqa": (3, 8, 1, 1, 3000, 256, False, "top_left"),
 }
+# Q's two column parts (128 + the rest) in registers: head dims whose Q K^T splits (not D=256)
+QREG_KNOBS = {
+    "qregs-lazy8": dict(BLOCK_N=64, q_regs=True, rescale_threshold=8),
+    "qregs-pingpong": dict(BLOCK_N=64, q_regs=True, pingpong=True),
+}
+QREG_SHAPES = {"causal-gqa-1000-d192": (2, 8, 2, 1000, 1000, 192, True, "top_left"),
+               "full-2049-d192": WIDE_SHAPES["full-2049-d192"],
+               "causal-br-q300-k2000-d160": WIDE_SHAPES["causal-br-q300-k2000-d160"],
+               "causal-br-q50-k21-d192-emptyrows": (2, 4, 4, 50, 21, 192, True, "bottom_right")}
 
 
 # 128-key steps at head dims 129-192 (kernels.fwd.wide_steps): unpadded column chunks, V in a
@@ -177,7 +185,8 @@ WIDE_STEP_SHAPES = {
 
 
 WIDE_CASES = {f"n{n}-{knob}-{shape}": (knobs[knob], shapes[shape])
-              for n, knobs, shapes in ((64, WIDE_KNOBS, WIDE_SHAPES), (128, WIDE_STEP_KNOBS, WIDE_STEP_SHAPES))
+              for n, knobs, shapes in ((64, WIDE_KNOBS, WIDE_SHAPES), (64, QREG_KNOBS, QREG_SHAPES),
+                                       (128, WIDE_STEP_KNOBS, WIDE_STEP_SHAPES))
               for knob in knobs for shape in shapes}
 
 
@@ -188,21 +197,22 @@ def test_wide_head_dims(case, dtype):
     check_against_reference(shape, knobs, dtype)
 
 
-@pytest.mark.parametrize("q_regs", [False, True], ids=["qsmem", "qregs"])
 @pytest.mark.parametrize("d", [192, 256])
-def test_wide_head_dims_varlen(d, q_regs):
+def test_wide_head_dims_varlen(d):
     """Packed sequences at D=192 and 256 (the varlen kernel stages O in its Q buffer too; ragged
-    last tiles store with a row mask, at D=192 both accumulator parts), Q K^T's Q from shared
-    memory or registers."""
+    last tiles store with a row mask, at D=192 both accumulator parts). Q in registers is
+    refused there: the varlen kernel stages Q as one 256-column part."""
     from fa_autotune import attention_varlen
 
     lengths = [1, 300, 777, 64, 1500]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
     total, h, hk = int(cu[-1]), 8, 2
     q, k, v = (torch.randn(total, n, d, device="cuda", dtype=torch.bfloat16) for n in (h, hk, hk))
+    with pytest.raises(ConfigError, match="q_regs"):
+        attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), config=dict(BASE, BLOCK_N=64, q_regs=True))
     for causal in (False, True):
         out = attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
-                               config=dict(BASE, BLOCK_N=64, q_regs=q_regs))
+                               config=dict(BASE, BLOCK_N=64))
         for i, n in enumerate(lengths):
             s = slice(int(cu[i]), int(cu[i + 1]))
             one = lambda t: t[s].transpose(0, 1).unsqueeze(0)  # noqa: E731

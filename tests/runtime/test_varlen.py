@@ -233,6 +233,7 @@ def test_varlen_fit_keeps_dispatched_gluon_configs_in_shared_memory():
     second Q buffer (256 KB at D=192 with 64-key steps), nor for the dense kernel's 128-key
     steps over unpadded chunks: the dispatched config runs there as 64-key steps, a program
     per tile; at D=128 it is kept as varlen_grid made it."""
+    from fa_autotune.kernels.checks import Layout, why_not
     from fa_autotune.kernels.resources import fits
     from fa_autotune.runtime.api import varlen_fit, varlen_grid
     from fa_autotune.spec.problem import Problem
@@ -245,9 +246,20 @@ def test_varlen_fit_keeps_dispatched_gluon_configs_in_shared_memory():
         assert grid.persistent == 1 and not fits(grid.with_(BLOCK_N=64), d192, (9, 0))
         chosen = varlen_fit(grid, d192)
         assert chosen == dispatched.with_(BLOCK_N=64) and fits(chosen, d192, (9, 0))
+    # Q in registers (q_regs) past D=128: the padded varlen kernel stages Q as one 256-column
+    # part, which would spill, so it reads Q from shared memory there; the dense kernel's
+    # launch rules refuse the same at D=256, where the dense kernel stages one part too
+    chosen = varlen_fit(varlen_grid(padded.with_(q_regs=True), False, False, 2), d192)
+    assert chosen == padded and not chosen.q_regs
+    d256 = Problem(4, 16, 4, 2048, 2048, 256, "bfloat16", True)
+    hopper = Layout("cuda", (9, 0), (None, None, None), (0, 0, 0))
+    refused = why_not(padded.with_(q_regs=True), d256, hopper)
+    assert isinstance(refused, ConfigError) and refused.parameter == "q_regs"
+    assert why_not(padded.with_(q_regs=True), d192, hopper) is None
     d128 = Problem(4, 16, 4, 2048, 2048, 128, "bfloat16", True)
     grid = varlen_grid(KernelConfig.from_mapping(dict(GLUON, BLOCK_N=128, num_stages=2)), True, False, 2)
     assert varlen_fit(grid, d128) == grid
+    assert varlen_fit(grid.with_(q_regs=True), d128) == grid.with_(q_regs=True)
 
 
 def test_varlen_grid_is_static_but_for_few_sequences():
